@@ -1,0 +1,70 @@
+# One entry point for students, instructors and CI. Every target sets up the
+# project virtualenv first (pinned versions, see requirements.txt / .lock);
+# a second run reuses it.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export PYTHONPATH := $(CURDIR)
+export PYTHONHASHSEED := 0
+
+IMPL        ?= starter
+PART        ?=
+SUBMISSIONS ?= submissions
+OUT         ?= build/autograde
+RELEASE_DIR ?= build/student-release
+
+.PHONY: help venv grade test demos bench autograde gradescope release starter checkpoint lock clean
+
+help:
+	@echo "make grade [IMPL=starter|solutions|DIR] [PART=1..6]  grade an implementation"
+	@echo "make test                                  the project's test suite"
+	@echo "make demos                                 run the five lecture programs"
+	@echo "make bench                                 benchmarks (ratios measured side by side)"
+	@echo "make autograde SUBMISSIONS=dir [OUT=dir]   batch-grade a folder of submissions"
+	@echo "make gradescope                            build the Gradescope autograder zip"
+	@echo "make release [RELEASE_DIR=dir]             write the student repository"
+	@echo "make starter                               regenerate starter/ from solutions/"
+	@echo "make checkpoint                            retrain the committed tiny-model checkpoint"
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements.lock
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c requirements.lock
+	touch $(STAMP)
+
+grade: $(STAMP)
+	$(PY) -m autograder.grade --impl $(IMPL) $(if $(PART),--part $(PART))
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+demos: $(STAMP)
+	@for p in code/lecture05/0*.py; do echo; echo "=== $$p ==="; $(PY) $$p || exit 1; done
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+autograde: $(STAMP)
+	$(PY) -m autograder.batch $(SUBMISSIONS) --out $(OUT)
+
+gradescope: $(STAMP)
+	$(PY) -m autograder.gradescope build --out build/gradescope-autograder.zip
+
+release: $(STAMP)
+	$(PY) -m autograder.release --out $(RELEASE_DIR)
+
+starter: $(STAMP)
+	$(PY) -m autograder.make_starter
+
+checkpoint: $(STAMP)
+	$(PY) -m course.tiny_transformer train
+
+lock: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | sed 's/^torch==.*/torch==2.13.0/' | sort -f > requirements.lock
+
+clean:
+	rm -rf build .pytest_cache
