@@ -1,0 +1,1 @@
+"""Reference solutions of the six graded parts (the starter is generated from these files)."""

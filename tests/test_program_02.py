@@ -1,0 +1,74 @@
+"""code/lecture05/02_softmax.py (§4): runs, and prints the section's figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = ROOT / "code" / "lecture05" / "02_softmax.py"
+
+
+@pytest.fixture(scope="module")
+def program():
+    spec = importlib.util.spec_from_file_location("lecture05_02_softmax", PROGRAM)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def output() -> str:
+    # Run as a student would (from the repo root, no PYTHONPATH): the program must find its imports.
+    proc = subprocess.run([sys.executable, str(PROGRAM)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
+    assert proc.returncode == 0, f"02_softmax.py failed:\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_prints_every_demo(output):
+    for n in range(1, 5):
+        assert f"Demo {n}" in output, f"demo {n} missing from the output"
+
+
+def test_overflow_thresholds(program, output):
+    thr = program.overflow_thresholds()
+    assert round(thr["float32"], 1) == 88.7 and round(thr["float16"], 2) == 11.09, "§4.1: 88.7 (fp32), 11.09 (fp16)"
+    assert "88.72" in output and "11.09" in output, "the thresholds are printed"
+    demo = program.naive_nan_demo()
+    assert math.isnan(demo["naive"][1]) and not any(math.isnan(p) for p in demo["safe"]), "naive NaN, safe fine"
+
+
+def test_passes_and_rebases(program, output):
+    pc = program.pass_counts()
+    assert (pc["naive"], pc["safe"], pc["online"]) == (2, 3, 2), "§4.2–§4.3: passes 2 / 3 / 2"
+    assert round(pc["expected_rebases"], 1) == 7.9, "§4.3: expected rebases Σ_{k=2}^{4096} 1/k ≈ 7.9"
+    assert 1 <= pc["rebases"] <= 20, "rebases on 4,096 random values are O(ln N), not O(N)"
+    assert f"online rebases: {pc['rebases']} " in output and "7.90" in output, "rebases and expectation printed"
+
+
+def test_merge_orders_agree_in_float64(output):
+    diffs = [float(x) for x in re.findall(r"│\s*(?:left to right|7 uneven|pairwise tree|7 blocks, shuffled)[^│]*│[^│]*│\s*([0-9.e+-]+)", output)]
+    assert len(diffs) == 4, f"four merge orders printed, found {len(diffs)}"
+    # float64 logsumexp of 10,000 values ~20: a few ulps (4e-15 each) of accumulated rounding.
+    assert max(diffs) < 1e-13, f"§4.4: merge orders agree with torch.logsumexp to ~1e-15, got {max(diffs)}"
+    assert "pairwise tree (14 levels)" in output, "10,000 leaves need 14 levels"
+    fp32 = float(re.search(r"differ by ([0-9.e+-]+)", output).group(1))
+    assert 1e-7 < fp32 < 1e-4, "§4.4: float32 merge orders differ in the last digits (notes: 7.6e-6)"
+
+
+def test_online_trace(program, output):
+    tr = program.online_trace()
+    assert len(tr["steps"]) == 4, "four K/V blocks"
+    assert tr["max_diff"] < 1e-14, "§4.5: the final o / ℓ equals standard attention to ~1e-16"
+    for prev, st in zip(tr["steps"], tr["steps"][1:]):
+        # the rescale factor is exp(m_old - m_new): 1 when the max did not move, < 1 when it grew
+        assert math.isclose(st["rescale"], math.exp(prev["m"] - st["m"]), rel_tol=1e-12)
+    assert any(st["rescale"] < 1 for st in tr["steps"][1:]), "this seed shows at least one rebase"
+    assert f"max |diff| = {tr['max_diff']:.1e}" in output, "the final comparison is printed"
