@@ -1,0 +1,72 @@
+"""code/lecture05/03_flash_on_gpusim.py (§5.3–§6.3): runs as a student would, prints the figures.
+
+The figures are computed by the program (simulator counters and course.cost_model); these tests
+check that the printed values are the lecture's and that the closed-form rows say "yes"."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = ROOT / "code" / "lecture05" / "03_flash_on_gpusim.py"
+
+
+@pytest.fixture(scope="module")
+def output() -> str:
+    proc = subprocess.run([sys.executable, str(PROGRAM)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
+    assert proc.returncode == 0, f"03_flash_on_gpusim.py failed:\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def row(output: str, label: str) -> str:
+    [line] = [ln for ln in output.splitlines() if label in ln]
+    return line
+
+
+def test_every_demo_is_printed(output):
+    for head in ("Demo 1 (§5.3)", "Demo 2 (§5.5)", "Demo 3 (§6.1)", "§6.2", "Demo 4 (§6.3)"):
+        assert head in output
+
+
+def test_counts_table(output):
+    assert re.search(r"shared wavefronts\s*│ 616,448\s*│ 71,680", output), "§5.3 footnote: 616,448 vs 71,680"
+    assert re.search(r"global buffers\s*│ Q K S P V O\s*│ Q K V O L ", output), "S and P absent from flash"
+    assert "S and P never appear there" in output
+    errs = [float(x) for x in re.findall(r"(\d\.\de-0[67])", row(output, "max |o - float64 reference|"))]
+    assert len(errs) == 2 and all(e < 1e-6 for e in errs), "both ~4e-7: float32 rounding"
+
+
+def test_closed_forms_match_the_counters(output):
+    for label, value in (("standard, ideal cache", "1,310,720"), ("flash, no cache", "656,384"),
+                         ("flash, ideal cache", "263,168")):
+        line = row(output, label)
+        assert line.count(value) == 2 and "yes" in line, line
+    assert "= 5.0x" in output
+
+
+def test_h100_estimate(output):
+    assert re.search(r"standard total \(3 kernels\).*1,334", output)
+    assert re.search(r"flash, K/V from L2.*282 .*4\.7x", output)
+    assert re.search(r"flash, K/V from HBM.*2\.0x", output)
+
+
+def test_block_sizes(output):
+    assert re.search(r"128 │ 160 KiB\s*│ yes", output) and re.search(r"256 │ 320 KiB\s*│ no", output)
+
+
+def test_causal_skipping(output):
+    assert re.search(r"10 of 16\s*│ 10\s*│ 327,680\s*│ 524,288", output)
+    assert re.search(r"528 of 1024\s*│ 528 .*51\.6%", output)
+
+
+def test_fa1_against_fa2(output):
+    assert "51.9 M" in output and "34.6 M" in output and "2.1 M" in output
+    assert re.search(r"FA1 \(K/V outer\).*│ 32 ", output) and re.search(r"FA2 \(Q outer\).*│ 1,024 ", output)
+    for name in ("FA1    │", "FA2    │"):
+        assert "yes" in row(output, name), "measured traffic equals the formula"
