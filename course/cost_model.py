@@ -69,6 +69,7 @@ def roofline_time(flops: float, nbytes: float, gpu: GPUSpec = H100, launches: in
 
 
 def _bound(flops: float, nbytes: float, gpu: GPUSpec) -> str:
+    """Which side of the roofline a kernel sits on: "compute" or "memory"."""
     return "compute" if flops / gpu.peak_fp16_flops >= nbytes / gpu.hbm_bandwidth else "memory"
 
 
@@ -223,7 +224,7 @@ def h100_forward_estimate(
         "compute_us": sum(r["compute_us"] for r in rows),
         "memory_us": sum(r["memory_us"] for r in rows),
         "time_us": sum(r["time_us"] for r in rows),
-        "bound": "memory",
+        "bound": "memory" if all(r["bound"] == "memory" for r in rows) else "mixed",
         "launches": 3,
     }
     rows.append(total)
@@ -236,6 +237,7 @@ def h100_forward_estimate(
 
 
 def _row(name: str, flops: float, nbytes: float, gpu: GPUSpec, launches: int) -> dict:
+    """One table row: a kernel (or kernels) of `flops` FLOPs moving `nbytes` bytes, on the roofline."""
     return {
         "name": name,
         "flops": flops,
@@ -315,11 +317,11 @@ def backward_estimate(N: int = 4096, d: int = 128, n_heads: int = 32, gpu: GPUSp
     flash for time): +25% FLOPs, 1/29 of the traffic, 3.3x faster.
     """
     H, b = n_heads, FP16_BYTES
+    # One roofline over the five kernels' summed FLOPs and bytes: each kernel moves at least N^2
+    # elements for at most 2N^2d FLOPs, so each is memory bound and the sum of their rooflines
+    # equals the roofline of the sums (plus 5 launches).
     std = _row("standard backward (P stored, 5 kernels)", H * backward_flops_standard(N, d),
                H * io_backward_standard(N, d) * b, gpu, 5)
-    # Each of the five kernels moves at least N^2 elements for at most 2N^2d FLOPs, so each is
-    # memory bound and the sum of their rooflines equals the roofline of the sums.
-    std["bound"] = "memory"
     fl = _row("flash backward (recompute P)", H * backward_flops_flash(N, d), H * io_backward_flash(N, d) * b, gpu, 1)
     ratio = {
         "name": "flash / standard",

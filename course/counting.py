@@ -48,6 +48,7 @@ class ReadCounter:
         return self.reads / len(self._values) if self._values else 0.0
 
     def reset(self) -> None:
+        """Forget the reads counted so far (to reuse one counter for several algorithms)."""
         self.reads = 0
 
     def __repr__(self) -> str:

@@ -48,8 +48,12 @@ def causal_mask(nq: int, nk: int, device: torch.device | str | None = None) -> t
     return j <= i + (nk - nq)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None):
-    """Standard attention in the dtype of its inputs: S, P materialised (§2.3)."""
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standard attention in the dtype of its inputs, S and P materialised (§2.3).
+
+    q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv) -> o: (..., Nq, dv), lse: (..., Nq)."""
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     s = scale * (q @ k.transpose(-2, -1))  # (..., Nq, Nk)
@@ -65,7 +69,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
 def attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 reference attention. Returns (o (..., Nq, dv), lse (..., Nq)), both float64."""
+    """Float64 reference attention. q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv).
+
+    Returns (o (..., Nq, dv), lse (..., Nq)), both float64."""
     _check_attention_inputs(q, k, v)
     return _attention(q.double(), k.double(), v.double(), causal, scale)
 
@@ -75,20 +81,21 @@ def attention_plain(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same math as attention_reference in the input dtype (the tolerance rule's "plain").
 
-    Returns (o (..., Nq, dv), lse (..., Nq)) in q's dtype. Differentiable by autograd, so
-    ``torch.autograd.grad`` through it gives the plain gradients for the 3x rule.
+    q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv). Returns (o (..., Nq, dv), lse (..., Nq))
+    in q's dtype. Differentiable by autograd, so ``torch.autograd.grad`` through it gives the
+    plain gradients for the 3x rule.
     """
     _check_attention_inputs(q, k, v)
     return _attention(q, k, v, causal, scale)
 
 
 def softmax_reference(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim in float64; a row that is all -inf gives zeros (not NaN)."""
+    """Softmax over the last dim in float64, x: (..., N) -> (..., N); an all -inf row gives zeros."""
     x = x.double()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     return torch.exp(x - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse))
 
 
 def logsumexp_reference(x: torch.Tensor) -> torch.Tensor:
-    """log sum exp over the last dim in float64, shape x.shape[:-1]; -inf for an all -inf row."""
+    """Natural-log logsumexp over the last dim in float64, x: (..., N) -> (...); -inf for an all -inf row."""
     return torch.logsumexp(x.double(), dim=-1)

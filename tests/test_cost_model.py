@@ -108,6 +108,7 @@ def test_s7_5_backward_estimate():
     assert ratio["flops_ratio"] == 1.25, "§7.5: 25% more FLOPs"
     assert round(1 / ratio["bytes_ratio"]) == 29, "§7.5: traffic down to 1/29"
     assert round(ratio["speedup"], 1) == 3.3, "§7.5: 3.3x faster (lower-bound estimate)"
+    assert (std["bound"], fl["bound"]) == ("memory", "compute"), "§7.5: P stored is memory bound, recompute is not"
     assert cm.io_backward_standard(4096, 128) - 7 * 4096**2 < 0.05 * 7 * 4096**2, "exercise 6: standard ≈ 7N^2"
 
 

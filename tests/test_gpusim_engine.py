@@ -4,7 +4,10 @@ Each micro-pattern pins one rule of docs/gpusim_guide.md with a hand-countable w
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,8 +55,8 @@ def padded_tile_store(t, X):
 )
 def test_shared_store_patterns(kernel, block, args, wavefronts, conflicts):
     st, _ = launch(kernel, 1, block, *args)
-    assert (st["shared_store_requests"], st["shared_store_wavefronts"]) == (1, wavefronts)
-    assert st["shared_store_bank_conflicts"] == conflicts
+    got = (st["shared_store_requests"], st["shared_store_wavefronts"], st["shared_store_bank_conflicts"])
+    assert got == (1, wavefronts, conflicts), "(requests, wavefronts, bank conflicts): max distinct words per bank"
 
 
 @pytest.mark.parametrize("broadcast, course, quarter", [(False, 4, 4), (True, 1, 4)], ids=["contiguous", "broadcast"])
@@ -62,8 +65,9 @@ def test_float4_loads_both_rules(broadcast, course, quarter):
     # (course rule) but one wavefront per quarter-warp on hardware that splits 128-bit accesses.
     for rule, want in (("course", course), ("quarter-warp", quarter)):
         st, _ = launch(vector_access, 1, 32, broadcast, shared_rule=rule)
-        assert (st["shared_load_requests"], st["shared_load_wavefronts"]) == (1, want), rule
-        assert st["shared_store_wavefronts"] == 4  # the contiguous float4 store, either rule
+        got = (st["shared_load_requests"], st["shared_load_wavefronts"])
+        assert got == (1, want), f"{rule} rule: a {'broadcast' if broadcast else 'contiguous'} float4 load"
+        assert st["shared_store_wavefronts"] == 4, "a contiguous float4 store: 128 words, 4 per bank (either rule)"
 
 
 def test_masked_warps_are_not_requests():
@@ -73,7 +77,8 @@ def test_masked_warps_are_not_requests():
             tile[t.threadIdx.x * 33] = np.float32(1)
 
     st, _ = launch(kernel, 1, 128)
-    assert st["shared_store_requests"] == 2 and st["shared_store_wavefronts"] == 2
+    got = (st["shared_store_requests"], st["shared_store_wavefronts"])
+    assert got == (2, 2), "a warp with no active lane issues nothing"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -82,18 +87,20 @@ def test_masked_warps_are_not_requests():
 
 def test_contiguous_float4_warp_load_is_16_sectors():
     st, _ = launch(lambda t, X: X.f4[t.threadIdx.x * 4], 1, 32)
-    assert (st["global_load_requests"], st["global_load_sectors"], st["global_load_bytes"]) == (1, 16, 512)
-    assert st["dram_bytes_no_cache"] == 512 == st["dram_bytes_ideal_cache"]
+    got = (st["global_load_requests"], st["global_load_sectors"], st["global_load_bytes"])
+    assert got == (1, 16, 512), "(requests, sectors, useful bytes) of 32 lanes x 16 contiguous bytes"
+    assert st["dram_bytes_no_cache"] == 512 == st["dram_bytes_ideal_cache"], "DRAM bytes = sectors x 32"
 
 
 def test_strided_loads_touch_one_sector_per_lane():
     st, _ = launch(lambda t, X: X[t.threadIdx.x * 64], 1, 32)
-    assert (st["global_load_sectors"], st["global_load_bytes"]) == (32, 128)  # 1024 B moved for 128 useful
+    assert (st["global_load_sectors"], st["global_load_bytes"]) == (32, 128), "stride 64: one sector per lane"
 
 
 def test_broadcast_global_load_is_one_sector():
     st, _ = launch(lambda t, X: X[np.array([5])], 1, 64)
-    assert (st["global_load_requests"], st["global_load_sectors"], st["global_load_bytes"]) == (2, 2, 8)
+    got = (st["global_load_requests"], st["global_load_sectors"], st["global_load_bytes"])
+    assert got == (2, 2, 8), "a broadcast load: one sector per warp"
 
 
 def test_ideal_cache_counts_each_sector_once_per_launch():
@@ -104,9 +111,9 @@ def test_ideal_cache_counts_each_sector_once_per_launch():
     gpu = gs.GPU()
     x = gpu.array("X", np.zeros(32, np.float32))
     st = gpu.launch(twice, 1, 32, x)
-    assert st["dram_bytes_no_cache"] == 256 and st["dram_bytes_ideal_cache"] == 128
-    st2 = gpu.launch(twice, 1, 32, x)  # a new launch starts with a cold cache
-    assert st2["dram_bytes_ideal_cache"] == 128
+    assert (st["dram_bytes_no_cache"], st["dram_bytes_ideal_cache"]) == (256, 128), "ideal cache: each sector once"
+    st2 = gpu.launch(twice, 1, 32, x)
+    assert st2["dram_bytes_ideal_cache"] == 128, "a new launch starts with a cold cache"
     assert gpu.report()["dram_bytes_ideal_cache"] == 256 and gpu.report()["launches"] == 2
 
 
@@ -327,3 +334,78 @@ def test_one_warp_cannot_race_and_raise_mode():
     assert st["races"] == 0
     with pytest.raises(gs.RaceError, match="race on s"):
         launch(exchange, 1, 64, False, race_check="raise")
+
+
+# ------------------------------------------------------------------------------------------------
+# The guide's worked example: every figure docs/gpusim_guide.md states is measured here
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "gpusim_guide.md"
+
+
+def _guide_table() -> dict[str, int]:
+    """Counter -> value from the worked-example table; '`a_requests` / `_sectors` | x / y' rows
+    name two counters (the second shares the first's prefix)."""
+    text = GUIDE.read_text(encoding="utf-8").split("## Worked example", 1)[1]
+    table = {}
+    for names, values in re.findall(r"^\| (`[a-z_]+`(?: / `_[a-z_]+`)?) \| ([\d,]+(?: / [\d,]+)?) \|", text, re.M):
+        names = [n.strip("`") for n in names.split(" / ")]
+        names[1:] = [names[0].rsplit("_", 1)[0] + n for n in names[1:]]
+        table.update(zip(names, (int(v.replace(",", "")) for v in values.split(" / "))))
+    return table
+
+
+def _guide_matmul(kernel=None, rule="course") -> dict:
+    from course.gpusim.kernels.standard import matmul_tiled_kernel
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 64))
+    out = gs.run(kernel or matmul_tiled_kernel, (4, 4), (16, 16), {"A": a, "B": b, "C": np.zeros((64, 64))},
+                 args=(64, 64, 64, 1.0, False), shared_rule=rule)
+    np.testing.assert_allclose(out["outputs"]["C"], a @ b, rtol=1e-4, atol=1e-4)
+    return out["stats"]
+
+
+def test_guide_worked_example_counts_are_measured():
+    table = _guide_table()
+    assert len(table) == 13, f"the guide's worked-example table lost rows: {sorted(table)}"
+    stats = _guide_matmul()
+    wrong = {k: (v, stats[k]) for k, v in table.items() if stats[k] != v}
+    assert not wrong, f"docs/gpusim_guide.md states (guide, measured): {wrong}"
+    text = GUIDE.read_text(encoding="utf-8")
+    quarter = _guide_matmul(rule="quarter-warp")["shared_wavefronts"]
+    assert quarter == stats["shared_wavefronts"], "quarter-warp rule: this kernel makes no 128-bit shared access"
+    assert f"unchanged ({quarter:,})" in text, "the guide quotes the quarter-warp count"
+    # the per-line example: `"standard.py:43": {"source": "As[...] = a ...", "shared_store_requests": 512, ...}`
+    [(key, src, figures)] = re.findall(r'`"(standard\.py:\d+)": \{"source": "(.*?) \.\.\.", ([^}]*)\.\.\.', text)
+    line = stats["lines"][key]
+    assert line["source"].startswith(src), f"the guide's {key} is now {line['source']!r}"
+    for name, value in re.findall(r'"([a-z_]+)": (\d+)', figures):
+        assert line[name] == int(value), f"the guide says {key} has {name} = {value}, measured {line[name]}"
+
+
+def test_guide_quick_start_and_barrier_claims():
+    def scale_kernel(t, X, Y, n, alpha):
+        i = t.blockIdx.x * t.blockDim.x + t.threadIdx.x
+        with t.where(i < n):
+            Y[i] = alpha * X[i]
+
+    gpu = gs.GPU()
+    x, y = gpu.array("X", np.arange(100.0)), gpu.zeros("Y", 100)
+    stats = gpu.launch(scale_kernel, 4, 32, x, y, 100, 2.0)
+    assert "# 832: 13 sectors read + 13 written" in GUIDE.read_text(encoding="utf-8"), "the quick start's figure"
+    assert stats["dram_bytes_no_cache"] == 832, "quick start: 13 sectors read + 13 written"
+    np.testing.assert_array_equal(y.numpy(), 2 * np.arange(100.0))
+    # "remove the first syncthreads(): read-after-write at the line that reads Bs; the second:
+    # write-after-read at the line that overwrites Bs" (the worked example's races row)
+    from course.gpusim.kernels import standard
+
+    src, first = inspect.getsourcelines(standard.matmul_tiled_kernel)
+    src = "".join(src)
+    barriers = [m.start() for m in re.finditer(r"t\.syncthreads\(\)", src)]
+    expected = (("read-after-write", "b_col = Bs["), ("write-after-read", "Bs[ty * PAD + tx] = b"))
+    for at, (kind, where) in zip(barriers, expected):
+        ns = dict(vars(standard))  # compiled at the kernel's own line numbers, so reports name real lines
+        racy = "\n" * (first - 1) + src[:at] + "pass" + src[at + len("t.syncthreads()"):]
+        exec(compile(racy, standard.__file__, "exec"), ns)
+        reports = _guide_matmul(ns["matmul_tiled_kernel"])["race_reports"]
+        assert [(r["kind"], r["source"].startswith(where)) for r in reports] == [(kind, True)], reports

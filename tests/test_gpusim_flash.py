@@ -60,14 +60,17 @@ def launch_flash(q, k, v, br, bc, causal=False, **gpu_kw):
 def test_lecture_shape_counts():
     q, k, v = qkv(256, 256, 64)
     o, lse, st = fk.run_flash_kernel(q, k, v)
-    assert st["shared_wavefronts"] == 71_680  # 4,096 + 65,536 + 1,024 + 1,024 (course rule)
-    assert st["shared_bank_conflicts"] == 0
-    assert st["dram_bytes_no_cache"] == 4 * cm.io_flash(256, 64, 64) == 656_384
-    assert st["dram_bytes_ideal_cache"] == 4 * cm.io_flash_ideal(256, 64) == 263_168
-    assert sorted(st["buffers"]) == ["K", "L", "O", "Q", "V"]  # S and P never in global memory
-    assert st["races"] == 0 and st["launches"] == 1 and st["thread_blocks"] == 4
+    assert st["shared_wavefronts"] == 71_680, (  # 4,096 + 65,536 + 1,024 + 1,024 (course rule)
+        f"§5.3: the flash kernel takes 71,680 shared wavefronts, got {st['shared_wavefronts']:,}"
+    )
+    assert st["shared_bank_conflicts"] == 0, "padded Q/O tile, contiguous float4 K/V stores, broadcast reads"
+    assert st["dram_bytes_no_cache"] == 4 * cm.io_flash(256, 64, 64) == 656_384, "no cache: 2Nd + 2Nd·N/B_r + N"
+    assert st["dram_bytes_ideal_cache"] == 4 * cm.io_flash_ideal(256, 64) == 263_168, "ideal cache: 4Nd + N"
+    assert sorted(st["buffers"]) == ["K", "L", "O", "Q", "V"], "S and P never appear in global memory"
+    assert st["races"] == 0, st["race_reports"]
+    assert (st["launches"], st["thread_blocks"]) == (1, 4), "one launch, one thread block per Q block"
     strict = launch_flash(q[0:256], k, v, 64, 64, shared_rule="quarter-warp")
-    assert strict["shared_wavefronts"] == 268_288  # broadcast float4 = 4 quarter-warp wavefronts
+    assert strict["shared_wavefronts"] == 268_288, "quarter-warp rule: a broadcast float4 costs 4 wavefronts"
 
 
 def test_lecture_causal_skipping():
@@ -75,7 +78,7 @@ def test_lecture_causal_skipping():
     _, _, full = fk.run_flash_kernel(q, k, v)
     _, _, causal = fk.run_flash_kernel(q, k, v, causal=True)
     kv = lambda s: s["buffers"]["K"]["dram_bytes_no_cache"] + s["buffers"]["V"]["dram_bytes_no_cache"]  # noqa: E731
-    assert (kv(full), kv(causal)) == (524_288, 327_680)  # 16 -> 10 block pairs
+    assert (kv(full), kv(causal)) == (524_288, 327_680), "§6.2: K/V bytes, 16 -> 10 block pairs at T = 4"
 
 
 @pytest.mark.parametrize("T, B", [(1, 32), (2, 16), (3, 32), (5, 16), (8, 8)])
@@ -84,7 +87,7 @@ def test_causal_reads_t_t_plus_1_over_2_block_pairs(T, B):
     q, k, v = qkv(T * B, T * B, d, seed=T)
     _, _, st = fk.run_flash_kernel(q, k, v, causal=True, block_rows=B, block_cols=B)
     kv = st["buffers"]["K"]["dram_bytes_no_cache"] + st["buffers"]["V"]["dram_bytes_no_cache"]
-    assert kv == T * (T + 1) // 2 * 2 * B * d * 4
+    assert kv == T * (T + 1) // 2 * 2 * B * d * 4, f"causal: K/V of T(T+1)/2 = {T * (T + 1) // 2} block pairs"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,17 +106,18 @@ def test_causal_reads_t_t_plus_1_over_2_block_pairs(T, B):
 def test_dram_bytes_equal_the_closed_form(nq, nk, d, br, bc, causal):
     q, k, v = qkv(nq, nk, d, seed=nq + nk)
     o, lse, st = fk.run_flash_kernel(q, k, v, causal=causal, block_rows=br, block_cols=bc)
-    assert (st["dram_bytes_no_cache"], st["dram_bytes_ideal_cache"]) == closed_form(nq, nk, d, br, bc, causal)
+    got = (st["dram_bytes_no_cache"], st["dram_bytes_ideal_cache"])
+    assert got == closed_form(nq, nk, d, br, bc, causal), f"DRAM bytes (no cache, ideal) {got} != the closed form"
     if nq == nk and nq % 8 == 0 and not causal:
-        assert st["dram_bytes_no_cache"] == 4 * cm.io_flash(nq, d, br)
-        assert st["dram_bytes_ideal_cache"] == 4 * cm.io_flash_ideal(nq, d)
-    assert st["races"] == 0
+        assert st["dram_bytes_no_cache"] == 4 * cm.io_flash(nq, d, br), "cost_model.io_flash"
+        assert st["dram_bytes_ideal_cache"] == 4 * cm.io_flash_ideal(nq, d), "cost_model.io_flash_ideal"
+    assert st["races"] == 0, st["race_reports"]
     ref_o, ref_lse = attention_reference(q, k, v, causal=causal)
     plain_o, plain_lse = attention_plain(q, k, v, causal=causal)
     for got, ref, plain in ((o, ref_o, plain_o), (lse, ref_lse, plain_lse)):
         fin = torch.isfinite(ref)  # lse = -inf for rows that see no key (causal, Nq > Nk)
-        assert torch.equal(torch.isfinite(got), fin) and not torch.isnan(got).any()
-        assert maxabs(got, ref, fin) <= 2 * maxabs(plain, ref, fin) + 1e-6
+        assert torch.equal(torch.isfinite(got), fin) and not torch.isnan(got).any(), "-inf exactly on fully masked rows"
+        assert maxabs(got, ref, fin) <= 2 * maxabs(plain, ref, fin) + 1e-6, "error > 2 x plain float32 + 1e-6"
 
 
 def maxabs(a, ref, where) -> float:
@@ -143,10 +147,13 @@ def test_input_errors_are_one_line():
 
 
 def _without_barrier(i: int):
-    src = inspect.getsource(fk.flash_forward_kernel)
+    """flash_forward_kernel with its i-th t.syncthreads() replaced by pass, compiled at the
+    kernel's own line numbers so that race reports name the real lines."""
+    lines, first = inspect.getsourcelines(fk.flash_forward_kernel)
+    src = "".join(lines)
     at = [m.start() for m in re.finditer(r"t\.syncthreads\(\)", src)][i]
     ns = dict(vars(fk))
-    exec(compile(src[:at] + "pass" + src[at + len("t.syncthreads()"):], fk.__file__, "exec"), ns)
+    exec(compile("\n" * (first - 1) + src[:at] + "pass" + src[at + len("t.syncthreads()"):], fk.__file__, "exec"), ns)
     return ns["flash_forward_kernel"]
 
 
@@ -158,7 +165,7 @@ def test_each_barrier_removed_is_reported_as_a_race(i):
     bufs = [gpu.array(n, x) for n, x in (("Q", q), ("K", k), ("V", v))]
     O, L = gpu.zeros("O", (100, 16)), gpu.zeros("L", 100)
     st = gpu.launch(_without_barrier(i), 2, 64, *bufs, O, L, 100, 100, 16, 0.25, False, 32)
-    assert st["races"] > 0
+    assert st["races"] > 0, f"syncthreads() number {i} removed, yet no race reported"
     # lockstep execution hides the bug in the values: only the detector shows it
     ref, _ = attention_reference(q, k, v)
     assert float((torch.from_numpy(O.numpy()).double() - ref).abs().max()) < 1e-5
@@ -174,8 +181,9 @@ def test_fa1_traffic_and_values(n, d, b):
     o, lse, st = fk.run_fa1_kernel(q, k, v, block_rows=b, block_cols=b)
     want = 4 * cm.io_fa1(n, d, b, b) if n % 8 == 0 else None
     if want is not None:
-        assert st["dram_bytes_no_cache"] == want
-    assert st["thread_blocks"] == 1 and st["races"] == 0
+        assert st["dram_bytes_no_cache"] == want, "FA1: 2Nd + ⌈N/B_c⌉(3Nd + 4N) elements (§6.3)"
+    assert st["thread_blocks"] == 1, "FA1 parallelises over heads only"
+    assert st["races"] == 0, st["race_reports"]
     ref_o, ref_lse = attention_reference(q, k, v)
     assert float((o.double() - ref_o).abs().max()) < 2e-6
     np.testing.assert_allclose(lse.numpy(), ref_lse.numpy(), atol=2e-6)

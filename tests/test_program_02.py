@@ -10,9 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "code" / "lecture05" / "02_softmax.py"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the in-process calls use small tensors: OpenMP threads only wait on a busy machine
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +76,25 @@ def test_online_trace(program, output):
     tr = program.online_trace()
     assert len(tr["steps"]) == 4, "four K/V blocks"
     assert tr["max_diff"] < 1e-14, "§4.5: the final o / ℓ equals standard attention to ~1e-16"
-    for prev, st in zip(tr["steps"], tr["steps"][1:]):
-        # the rescale factor is exp(m_old - m_new): 1 when the max did not move, < 1 when it grew
-        assert math.isclose(st["rescale"], math.exp(prev["m"] - st["m"]), rel_tol=1e-12)
+    # Each row of the trace must be the (m, ℓ, o) of the keys seen so far, computed here at once
+    # from the scores (no ⊕): after block b, m = max of the prefix, ℓ = Σ exp(s - m), o = Σ exp(s - m) v,
+    # and ℓ_b = rescale·ℓ_(b-1) + Σ_(block b) exp(s - m_b) (the rescale factor is the one applied).
+    s, v = torch.tensor(tr["scores"], dtype=torch.float64), torch.tensor(tr["values"], dtype=torch.float64)
+    blocks = torch.arange(len(s)).chunk(4)
+    prev = None
+    for st, idx in zip(tr["steps"], blocks):
+        seen = s[: int(idx[-1]) + 1]
+        m = seen.max()
+        p = torch.exp(seen - m)
+        assert st["m"] == m.item(), f"block {st['block']}: m must be the max of the scores seen so far"
+        assert math.isclose(st["l"], p.sum().item(), rel_tol=1e-13), f"block {st['block']}: ℓ = Σ exp(s - m) so far"
+        o = torch.tensor(st["o"], dtype=torch.float64)
+        assert torch.allclose(o, p @ v[: len(seen)], atol=1e-13), f"block {st['block']}: o = Σ exp(s - m) v so far"
+        if prev is not None:
+            fresh = torch.exp(s[idx] - m).sum().item()
+            assert math.isclose(st["l"], st["rescale"] * prev["l"] + fresh, rel_tol=1e-13), (
+                f"block {st['block']}: the printed rescale factor is not the one that updates ℓ (§4.5)"
+            )
+        prev = st
     assert any(st["rescale"] < 1 for st in tr["steps"][1:]), "this seed shows at least one rebase"
     assert f"max |diff| = {tr['max_diff']:.1e}" in output, "the final comparison is printed"

@@ -17,6 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "code" / "lecture05" / "04_backward.py"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the in-process calls use small tensors: OpenMP threads only wait on a busy machine
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def program():
     spec = importlib.util.spec_from_file_location("lecture05_04_backward", PROGRAM)

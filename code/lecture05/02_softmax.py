@@ -138,7 +138,8 @@ def merge_orders(n: int = 10_000, seed: int = SEED, scale: float = 5.0) -> dict:
 def online_trace(n_keys: int = 16, n_blocks: int = 4, d: int = 2, seed: int = SEED) -> dict:
     """§4.5: one query row (d = 2) against n_keys keys in n_blocks K/V blocks, merged with ⊕ as
     (m, ℓ, o). Each step records the block's max, the running m, the rescale factor
-    exp(m_old - m_new) applied to the old ℓ and o, ℓ, the unnormalised o and o / ℓ."""
+    exp(m_old - m_new) applied to the old ℓ and o, ℓ, the unnormalised o and o / ℓ. Also returns
+    the row's scores and the values, so that each step can be checked against its prefix."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, d, generator=g, dtype=torch.float64)
     k = torch.randn(n_keys, d, generator=g, dtype=torch.float64)
@@ -167,7 +168,8 @@ def online_trace(n_keys: int = 16, n_blocks: int = 4, d: int = 2, seed: int = SE
         )
     ref, _ = attention_reference(q, k, v)
     final = state[2] / state[1]
-    return {"steps": steps, "reference": ref.squeeze(0).tolist(), "max_diff": (final - ref.squeeze(0)).abs().max().item()}
+    return {"steps": steps, "scores": s.tolist(), "values": v.tolist(), "reference": ref.squeeze(0).tolist(),
+            "max_diff": (final - ref.squeeze(0)).abs().max().item()}
 
 
 # ---------------------------------------------------------------------------------------- main

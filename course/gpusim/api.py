@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .engine import GPU
+from .engine import GPU, host_array
 
 
 def run(
@@ -34,7 +34,7 @@ def run(
     gpu = GPU(shared_rule=shared_rule, race_check=race_check)
     bufs = {}
     for name, data in buffers.items():
-        arr = data.detach().cpu().numpy() if hasattr(data, "detach") else np.asarray(data)
+        arr = host_array(data)
         bufs[name] = gpu.array(name, arr, np.int32 if arr.dtype.kind in "iu" else np.float32)
     gpu.launch(kernel, grid, block, *bufs.values(), *args, blocks_at_once=blocks_at_once)
     names = list(bufs) if outputs is None else list(outputs)

@@ -52,6 +52,9 @@ BUFFER_COUNTERS = (
 
 
 class LaunchCounters:
+    """What one launch accumulates: counters per kernel line and per buffer, the sectors touched
+    (ideal cache) and the race reports; ``finalize`` turns them into the launch's plain-data stats."""
+
     def __init__(self, kernel_name: str):
         self.kernel_name = kernel_name
         self.lines: dict[str, dict[str, int]] = {}

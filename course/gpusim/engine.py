@@ -34,6 +34,7 @@ Counting rules (documented with their Nsight Compute metrics in docs/gpusim_guid
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -62,10 +63,10 @@ MAX_SHARED_BYTES = 227 * 1024  # H100: the most shared memory one block may opt 
 SHARED_RULES = ("course", "quarter-warp")
 RACE_MODES = ("record", "raise", "off")
 
-import contextlib as _contextlib
+# Frames in these files are skipped when looking for the kernel line that made an access
+# (contextlib: t.where() is a generator-based context manager).
+_ENGINE_FILES = {os.path.abspath(__file__), __file__, contextlib.__file__}
 
-# Frames in these files are skipped when looking for the kernel line that made an access.
-_ENGINE_FILES = {os.path.abspath(__file__), __file__, _contextlib.__file__}
 
 class Dim3(NamedTuple):
     x: Any
@@ -79,6 +80,13 @@ def unroll(n: int) -> np.ndarray:
     ``tile[tx * 65 + unroll(64)]`` issues 64 loads; ``unroll(a)[:, None] * d + unroll(b)`` is an
     (a, b, 1) block of a*b instructions (the index of a doubly unrolled loop)."""
     return np.arange(int(n), dtype=np.int64).reshape(int(n), 1)
+
+
+def host_array(data: Any, dtype: Any = None) -> np.ndarray:
+    """Host data as a numpy array: a numpy array, a torch tensor (any device) or nested lists."""
+    if hasattr(data, "detach"):  # a torch tensor
+        data = data.detach().cpu().numpy()
+    return np.asarray(data, dtype)
 
 
 def _bcast(a: np.ndarray, shape: tuple) -> np.ndarray:
@@ -761,9 +769,7 @@ class GPU:
     # ---- buffers ------------------------------------------------------------------------
     def array(self, name: str, data, dtype=np.float32) -> Buffer:
         """A global buffer holding a copy of ``data`` (numpy array, torch tensor or list)."""
-        if hasattr(data, "detach"):  # a torch tensor
-            data = data.detach().cpu().numpy()
-        arr = np.array(data, dtype=dtype, copy=True)
+        arr = np.array(host_array(data), dtype=dtype, copy=True)
         if arr.dtype.itemsize != WORD_BYTES:
             raise GpuSimError(f"buffer {name!r}: elements must be 4 bytes (float32 or int32), got {arr.dtype}")
         if name in self.buffers:
@@ -775,9 +781,11 @@ class GPU:
         return buf
 
     def zeros(self, name: str, shape, dtype=np.float32) -> Buffer:
+        """A global buffer of zeros (like cudaMemset to 0)."""
         return self.array(name, np.zeros(shape, dtype=dtype), dtype)
 
     def full(self, name: str, shape, value: float, dtype=np.float32) -> Buffer:
+        """A global buffer filled with ``value``."""
         return self.array(name, np.full(shape, value, dtype=dtype), dtype)
 
     # ---- launches -----------------------------------------------------------------------

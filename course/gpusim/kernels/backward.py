@@ -12,13 +12,14 @@ its B_c keys' contributions in shared memory, then issues ONE atomic per dQ elem
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from ..engine import GPU, unroll
+from ..engine import GPU, Buffer, ThreadContext, host_array, unroll
 
 
-def flash_bwd_preprocess_kernel(t, O, dO, D, n_rows: int, d: int):
+def flash_bwd_preprocess_kernel(t: ThreadContext, O: Buffer, dO: Buffer, D: Buffer, n_rows: int, d: int) -> None:
     """D[i] = Σ_e dO[i, e]·O[i, e]; one thread per row (float4 loads along the row)."""
     row = t.blockIdx.x * t.blockDim.x + t.threadIdx.x
     with t.where(row < n_rows):
@@ -26,7 +27,10 @@ def flash_bwd_preprocess_kernel(t, O, dO, D, n_rows: int, d: int):
         D[row] = (O.f4[idx] * dO.f4[idx]).sum((0, 1))
 
 
-def flash_bwd_kernel(t, Q, K, V, dO, L, D, dQ, dK, dV, n_q: int, n_k: int, d: int, scale: float, causal: bool, block_rows: int):
+def flash_bwd_kernel(
+    t: ThreadContext, Q: Buffer, K: Buffer, V: Buffer, dO: Buffer, L: Buffer, D: Buffer, dQ: Buffer, dK: Buffer,
+    dV: Buffer, n_q: int, n_k: int, d: int, scale: float, causal: bool, block_rows: int,
+) -> None:
     """grid = (⌈n_k/B_c⌉, H), block = (B_c,); Q, dO, dQ: (H·n_q·d,), K, V, dK, dV: (H·n_k·d,),
     L, D: (H·n_q,). dQ must be zeroed by the host; dK, dV are written once."""
     Bc, Br = t.blockDim.x, block_rows
@@ -107,14 +111,15 @@ def flash_bwd_kernel(t, Q, K, V, dO, L, D, dQ, dK, dV, n_q: int, n_k: int, d: in
 
 
 def flash_backward(
-    q, k, v, o, lse, do, causal: bool = False, block_rows: int = 64, block_cols: int = 64, gpu: GPU | None = None
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool = False, block_rows: int = 64,
+    block_cols: int = 64, gpu: GPU | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Gradients of one or more heads: q, o, do (H, Nq, d) or (Nq, d); k, v (H, Nk, d); lse (H, Nq).
 
     Returns (dq, dk, dv) as float32 numpy arrays in the inputs' shapes, and the stats of the two
-    launches (gpu.report()): stats["atomic_element_ops"] = ⌈Nk/B_c⌉ · Nq · d per head."""
-    arrs = [np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, np.float32) for x in (q, k, v, o, lse, do)]
-    q, k, v, o, lse, do = arrs
+    launches (gpu.report()): stats["atomic_element_ops"] = ⌈Nk/B_c⌉ · Nq · d per head when not
+    causal (causal: only the Q blocks that see some key of each K/V block add)."""
+    q, k, v, o, lse, do = (host_array(x, np.float32) for x in (q, k, v, o, lse, do))
     shape_q, shape_k = q.shape, k.shape
     n_q, d = q.shape[-2:]
     n_k = k.shape[-2]

@@ -9,31 +9,20 @@ log-sum-exp. A small combine kernel reweights the partials by exp(lse_s - lse) (
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from ..engine import GPU, unroll
+from ..engine import GPU, Buffer, ThreadContext, host_array, unroll
+from .standard import block_reduce
 
 SPLIT_THREADS = 64
 
 
-def _block_reduce(t, red, local, op):
-    """Tree reduction over the block in shared memory (sequential addressing); all get the result."""
-    tid, T = t.tid, t.blockDim.x
-    red[tid] = local
-    t.syncthreads()
-    s = T // 2
-    while s > 0:
-        with t.where(tid < s):
-            red[tid] = op(red[tid], red[tid + s])
-        t.syncthreads()
-        s //= 2
-    total = red[0]
-    t.syncthreads()
-    return total
-
-
-def flash_decode_split_kernel(t, Q, K, V, Op, Lp, n_k: int, d: int, scale: float, split_len: int):
+def flash_decode_split_kernel(
+    t: ThreadContext, Q: Buffer, K: Buffer, V: Buffer, Op: Buffer, Lp: Buffer, n_k: int, d: int, scale: float,
+    split_len: int,
+) -> None:
     """grid = (num_splits, H), block = (T,) with T a power of two; Q: (H·d,), K, V: (H·n_k·d,),
     Op: (H·num_splits·d,) partial outputs, Lp: (H·num_splits,) partial log-sum-exps."""
     T, tid = t.blockDim.x, t.tid
@@ -66,8 +55,8 @@ def flash_decode_split_kernel(t, Q, K, V, Op, Lp, n_k: int, d: int, scale: float
     s = np.where(valid, s, np.float32(-np.inf))
     with t.where(valid):
         sc[key] = s
-    m = _block_reduce(t, red, s.max(0), np.maximum)  # segment max
-    l = _block_reduce(t, red, np.exp(s - m).sum(0), np.add)  # segment sum (the barrier covers sc too)
+    m = block_reduce(t, red, s.max(0), np.maximum)  # segment max
+    l = block_reduce(t, red, np.exp(s - m).sum(0), np.add)  # segment sum (the barrier covers sc too)
     # 2. o[e] = Σ_c exp(s_c - m) V[c, e] / l: thread e reads V row by row (coalesced)
     cc = unroll(n_keys)[:, None]  # (n_keys, 1, 1)
     with t.where(ev < d):
@@ -78,7 +67,9 @@ def flash_decode_split_kernel(t, Q, K, V, Op, Lp, n_k: int, d: int, scale: float
         Lp[head * n_splits + split] = m + np.log(l)
 
 
-def flash_decode_combine_kernel(t, Op, Lp, O, Lse, n_splits: int, d: int):
+def flash_decode_combine_kernel(
+    t: ThreadContext, Op: Buffer, Lp: Buffer, O: Buffer, Lse: Buffer, n_splits: int, d: int
+) -> None:
     """grid = (H,), block = (d,): thread e combines dimension e of the partials with ⊕."""
     e, head = t.threadIdx.x, t.blockIdx.x
     lse_s = Lp[head * n_splits + unroll(n_splits)]  # (S, 1): every thread reads all (broadcast)
@@ -93,10 +84,12 @@ def flash_decode_combine_kernel(t, Op, Lp, O, Lse, n_splits: int, d: int):
         Lse[head] = np.where(total > 0, m_safe + np.log(total), np.float32(-np.inf))
 
 
-def flash_decode(q, k, v, num_splits: int, gpu: GPU | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+def flash_decode(
+    q: Any, k: Any, v: Any, num_splits: int, gpu: GPU | None = None
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """One decode step: q (H, d), k, v (H, Nk, d). Returns (o (H, d), lse (H,), stats of the two
     launches). Segments have ⌈Nk / num_splits⌉ keys; trailing ones may be empty."""
-    q, k, v = (np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, np.float32) for x in (q, k, v))
+    q, k, v = (host_array(x, np.float32) for x in (q, k, v))
     heads, d = q.shape
     n_k = k.shape[1]
     if num_splits < 1:

@@ -9,17 +9,20 @@ S and P are N×N buffers in global memory: that is the traffic FlashAttention re
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import numpy as np
 
-from ..engine import GPU, unroll
+from ..engine import GPU, Buffer, SharedArray, ThreadContext, host_array, unroll
 
 TILE = 16
 PAD = TILE + 1  # 17 columns: a warp's two rows land in (mostly) different banks
 SOFTMAX_THREADS = 256
 
 
-def matmul_tiled_kernel(t, A, B, C, M: int, N: int, K: int, alpha: float, b_transposed: bool):
+def matmul_tiled_kernel(
+    t: ThreadContext, A: Buffer, B: Buffer, C: Buffer, M: int, N: int, K: int, alpha: float, b_transposed: bool
+) -> None:
     """C = alpha · A @ op(B), op(B) = Bᵀ if b_transposed (B is N×K) else B (K×N). Row-major.
 
     A: (M·K,), C: (M·N,); grid = (⌈N/16⌉, ⌈M/16⌉), block = (16, 16): thread (x, y) computes
@@ -40,7 +43,7 @@ def matmul_tiled_kernel(t, A, B, C, M: int, N: int, K: int, alpha: float, b_tran
         else:  # tile row y = B row k0 + y
             with t.where((k0 + ty < K) & (col < N)):
                 b = B[(k0 + ty) * N + col]
-        As[ty * PAD + tx] = a  # 2 wavefronts: rows y and y+1 of a warp collide once (17·32 ≡ 0)
+        As[ty * PAD + tx] = a  # 2 wavefronts: x=0 of row y, x=15 of row y+1 share a bank (17y+32 ≡ 17y)
         Bs[ty * PAD + tx] = b
         t.syncthreads()
         kk = unroll(TILE)
@@ -52,7 +55,25 @@ def matmul_tiled_kernel(t, A, B, C, M: int, N: int, K: int, alpha: float, b_tran
         C[row * N + col] = np.float32(alpha) * acc
 
 
-def softmax_rows_kernel(t, S, P, n_rows: int, n_cols: int, causal: bool):
+def block_reduce(t: ThreadContext, red: SharedArray, local: np.ndarray, op: Callable) -> np.ndarray:
+    """Tree reduction of one value per thread over a 1-D block in shared memory ``red`` (blockDim.x
+    words), with sequential addressing (Lecture 4's v3): half the threads fold the upper half onto
+    the lower at each step, a barrier between steps. Every thread gets the result (broadcast read)."""
+    tid, T = t.tid, t.blockDim.x
+    red[tid] = local
+    t.syncthreads()
+    s = T // 2
+    while s > 0:
+        with t.where(tid < s):
+            red[tid] = op(red[tid], red[tid + s])
+        t.syncthreads()
+        s //= 2
+    total = red[0]  # every thread reads the same word: a broadcast
+    t.syncthreads()  # all have read red[0] before anyone overwrites red
+    return total
+
+
+def softmax_rows_kernel(t: ThreadContext, S: Buffer, P: Buffer, n_rows: int, n_cols: int, causal: bool) -> None:
     """P[i] = softmax(S[i]) over n_cols, one block (256 threads) per row; grid = (n_rows,).
 
     causal: bottom-right alignment, row i keeps columns j <= i + n_cols - n_rows; a row that
@@ -67,35 +88,22 @@ def softmax_rows_kernel(t, S, P, n_rows: int, n_cols: int, causal: bool):
     with t.where(inside):
         x = S[row * n_cols + cols]
     x = np.where(keep, x, np.float32(-np.inf))
-
-    def block_reduce(local, op):
-        """Tree reduction over the block (sequential addressing, Lecture 4's v3)."""
-        red[tid] = local
-        t.syncthreads()
-        s = T // 2
-        while s > 0:
-            with t.where(tid < s):
-                red[tid] = op(red[tid], red[tid + s])
-            t.syncthreads()
-            s //= 2
-        total = red[0]  # every thread reads the same word: a broadcast
-        t.syncthreads()  # all have read red[0] before anyone overwrites red
-        return total
-
-    m = block_reduce(x.max(0), np.maximum)
+    m = block_reduce(t, red, x.max(0), np.maximum)  # reduction 1: the row max
     m_safe = np.where(m == -np.inf, np.float32(0), m)
     e = np.exp(x - m_safe)  # 0 where masked
-    l = block_reduce(e.sum(0), np.add)
+    l = block_reduce(t, red, e.sum(0), np.add)  # reduction 2: the row sum
     with t.where(inside):
         P[row * n_cols + cols] = np.where(l > 0, e / np.where(l > 0, l, 1), np.float32(0))
 
 
-def standard_attention(q, k, v, causal: bool = False, gpu: GPU | None = None) -> tuple[np.ndarray, dict]:
+def standard_attention(
+    q: Any, k: Any, v: Any, causal: bool = False, gpu: GPU | None = None
+) -> tuple[np.ndarray, dict]:
     """Run the three kernels on one head: q (Nq, d), k, v (Nk, d) (numpy or torch, fp32).
 
     Returns (o (Nq, d) float32 numpy, stats): stats sums the three launches (gpu.report()), with
     S and P among its buffers."""
-    q, k, v = (np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, np.float32) for x in (q, k, v))
+    q, k, v = (host_array(x, np.float32) for x in (q, k, v))
     (nq, d), nk = q.shape, k.shape[0]
     gpu = GPU() if gpu is None else gpu
     Q, K, V = gpu.array("Q", q), gpu.array("K", k), gpu.array("V", v)
