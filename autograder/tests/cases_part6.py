@@ -1,0 +1,225 @@
+"""Part 6 (Flash-Decoding: split_kv, attention_partial, combine_partials, flash_decode): shared checks.
+
+(a) references: o and lse against course.reference.attention_reference (float64), plain float32 rule
+    (2×); combine_partials against the exact float64 ⊕ of the very partials it was given.
+(b) conventions: no mask (a decode query sees every key); an empty segment is (o = 0, lse = -inf) and
+    no NaN appears, even with more splits than keys or every segment empty; split_kv returns views.
+(c) counters: no fused attention op; matmul FLOPs exactly 4·Nq·Nk·d per (batch, head): every key's
+    score is computed once, in exactly one segment.
+
+Inputs are peaked (q × 40, so scores × 40): with unit-scale inputs attention is nearly uniform and a
+combine that averages the segment outputs is off by only ~1.5e-2, which a loose test can miss.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autograder.engine.checks import check, check_close, unpack
+from course.reference import attention_plain, attention_reference
+
+from . import diagnose as dg
+from .cases_part2 import DTYPES, close_or_diagnose
+
+HINT_VIEWS = ("split_kv must return views of k and v (slicing or torch.tensor_split), not copies: Flash-Decoding "
+              "splits the cache without moving it (§8.4)")
+HINT_SPLITS = ("split_kv returns exactly num_splits (k_seg, v_seg) pairs in key order, empty segments included "
+               "(with more splits than keys some segments have 0 keys)")
+HINT_PARTIAL_LSE = "lse_s = m + log ℓ over the segment's scaled scores, in natural log (§4.4, §5.1)"
+HINT_DECODE_FUSED = ("flash_decode must compute each segment's attention itself with torch matmuls, no fused "
+                     "attention kernel (§8.4)")
+HINT_DECODE_FLOPS = ("every key's score is computed once, in exactly one segment: Σ_s 4·Nq·n_s·d = 4·Nq·Nk·d "
+                     "matmul FLOPs per (batch, head); no second pass over all keys, no segment dropped")
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """q (*lead, nq, d) × q_mult, k/v (*lead, nk, d), split into num_splits segments."""
+
+    lead: tuple[int, ...] = (2, 3)
+    nq: int = 1
+    nk: int = 203
+    d: int = 16
+    num_splits: int = 2
+    q_mult: float = 40.0
+    scale: float | None = None
+    dtype: str = "float32"
+    seed: int = 0
+
+    @property
+    def id(self) -> str:
+        lead = "x".join(map(str, self.lead)) or "()"
+        extra = f"-scale{self.scale:g}" if self.scale is not None else ""
+        return (f"{lead}-{self.nq}x{self.nk}x{self.d}-splits{self.num_splits}-q×{self.q_mult:g}-{self.dtype}"
+                f"{extra}-s{self.seed}")
+
+    def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed)
+        q, k, v = (torch.randn(*self.lead, n, self.d, generator=g, dtype=torch.float64)
+                   for n in (self.nq, self.nk, self.nk))
+        dt = DTYPES[self.dtype]
+        return (q * self.q_mult).to(dt), k.to(dt), v.to(dt)
+
+    def shown(self, q, k, v, **extra: Any) -> dict[str, Any]:
+        return {"q": q, "k": k, "v": v, "num_splits": self.num_splits, "scale": self.scale, **extra}
+
+
+def segment_bounds(lengths: list[int]) -> list[tuple[int, int]]:
+    """[(start, end)] of consecutive segments with these lengths."""
+    out, a = [], 0
+    for n in lengths:
+        out.append((a, a + n))
+        a += n
+    return out
+
+
+def check_split(student, case: DecodeCase) -> None:
+    """split_kv(k, v, num_splits): num_splits pairs, in key order, covering every key once, views of k and v."""
+    _, k, v = case.qkv()
+    out = student.scenario("part6.split", k=k, v=v, num_splits=case.num_splits)
+    segs = out["segments"]
+    inputs = {"k": k, "v": v, "num_splits": case.num_splits}
+    check(type(segs) is list and len(segs) == case.num_splits and bool(out["k_views"]),
+          what=f"split_kv returns a list of num_splits = {case.num_splits} (k_seg, v_seg) pairs",
+          detail=f"got {type(segs).__name__}" + (f" of length {len(segs)}" if isinstance(segs, list) else ""),
+          hint=HINT_SPLITS, inputs=inputs)
+    ks, vs = [s[0] for s in segs], [s[1] for s in segs]
+    for name, parts, whole in (("k", ks, k), ("v", vs, v)):
+        check(all(type(t) is torch.Tensor and t.shape[:-2] == whole.shape[:-2] and t.shape[-1] == whole.shape[-1]
+                  for t in parts),
+              what=f"each {name}_seg is a tensor (..., n_s, d) with {name}'s leading dims and d",
+              detail=f"shapes {[tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in parts]}",
+              hint=HINT_SPLITS, inputs=inputs)
+        joined = torch.cat(parts, dim=-2)
+        check(joined.shape == whole.shape and bool(torch.equal(joined, whole)),
+              what=f"the {name} segments, concatenated in order, are exactly {name} (every key once, in order)",
+              detail=f"lengths {[t.shape[-2] for t in parts]} for Nk = {whole.shape[-2]}", hint=HINT_SPLITS,
+              inputs=inputs)
+    lengths = [t.shape[-2] for t in ks]
+    check([t.shape[-2] for t in vs] == lengths, what="k and v are split at the same places",
+          detail=f"k lengths {lengths}, v lengths {[t.shape[-2] for t in vs]}", hint=HINT_SPLITS, inputs=inputs)
+    copies = [i for i, n in enumerate(lengths) if n > 0 and not (out["k_views"][i] and out["v_views"][i])]
+    check(not copies, what="split_kv returns views sharing storage with k and v (no copies)",
+          detail=f"segments {copies} do not share k's / v's storage", hint=HINT_VIEWS, inputs=inputs)
+
+
+def check_partial(student, case: DecodeCase) -> None:
+    """attention_partial(q, k_seg, v_seg, scale) on the middle third of the keys, and on an empty segment."""
+    q, k, v = case.qkv()
+    a, b = case.nk // 3, 2 * case.nk // 3
+    k_seg, v_seg = k[..., a:b, :].contiguous(), v[..., a:b, :].contiguous()
+    o, lse = unpack(student.call("flash_decoding.attention_partial", q, k_seg, v_seg, case.scale), 2,
+                    what="attention_partial returns (o, lse)")
+    ref_o, ref_lse = attention_reference(q, k_seg, v_seg, False, case.scale)
+    plain_o, plain_lse = attention_plain(q, k_seg, v_seg, False, case.scale)
+    inputs = case.shown(q, k_seg, v_seg)
+    check_close(o, ref_o, what="o of attention_partial (softmax over the segment's keys only, no mask)",
+                inputs=inputs, plain=plain_o, factor=2.0, hint=dg.HINT_DECODE)
+    check_close(lse, ref_lse, what="lse of attention_partial (natural-log logsumexp of the segment's scaled scores)",
+                inputs=inputs, plain=plain_lse, factor=2.0, hint=HINT_PARTIAL_LSE)
+    empty_k, empty_v = k[..., :0, :].contiguous(), v[..., :0, :].contiguous()
+    o, lse = unpack(student.call("flash_decoding.attention_partial", q, empty_k, empty_v, case.scale), 2,
+                    what="attention_partial returns (o, lse)")
+    inputs = case.shown(q, empty_k, empty_v)
+    for name, t, shape in (("o", o, (*case.lead, case.nq, case.d)), ("lse", lse, (*case.lead, case.nq))):
+        check(type(t) is torch.Tensor and tuple(t.shape) == shape and t.dtype == q.dtype,
+              what=f"{name} of attention_partial on an empty segment has shape {shape} and q's dtype",
+              detail=f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}",
+              hint=dg.HINT_EMPTY_SEGMENT, inputs=inputs)
+    check(bool((o == 0).all()) and bool(torch.isneginf(lse).all()),
+          what="an empty segment gives o = 0 and lse = -inf (the identity of ⊕), no NaN",
+          detail=f"o: {int(torch.isnan(o).sum())} NaN, max |o| {o.abs().nan_to_num(0).max().item():.3g}; "
+                 f"lse e.g. {lse.reshape(-1)[0].item()}", hint=dg.HINT_EMPTY_SEGMENT, inputs=inputs)
+
+
+def _partials(q, k, v, case: DecodeCase, lengths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Correct partials (float64 reference per segment, cast to q's dtype); an empty segment is (0, -inf)."""
+    out = []
+    for a, b in segment_bounds(lengths):
+        o, lse = dg._partial(q, k[..., a:b, :], v[..., a:b, :], case.scale)
+        out.append((o.to(q.dtype), lse.to(q.dtype)))
+    return out
+
+
+def _plain_combine(partials: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """⊕ in the partials' dtype: the plain implementation of the tolerance rule."""
+    o_all = torch.stack([o for o, _ in partials])
+    l_all = torch.stack([lse for _, lse in partials])
+    lse = torch.logsumexp(l_all, 0)
+    w = torch.exp(l_all - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse))
+    return (w.unsqueeze(-1) * o_all).sum(0), lse
+
+
+def check_combine(student, case: DecodeCase, lengths: list[int]) -> None:
+    """combine_partials of given partials (one segment per entry of lengths, 0 = empty) against the exact ⊕."""
+    assert sum(lengths) == case.nk, "test bug: the segment lengths must cover the keys"
+    q, k, v = case.qkv()
+    partials = _partials(q, k, v, case, lengths)
+    o, lse = unpack(student.call("flash_decoding.combine_partials", partials), 2,
+                    what="combine_partials returns (o, lse)")
+    exp_o, exp_lse = dg.combine_reference(partials)
+    plain_o, plain_lse = _plain_combine(partials)
+    inputs = {"segment lengths": lengths, "each o_s": partials[0][0], "each lse_s": partials[0][1]}
+    close_or_diagnose(o, exp_o, what="o of combine_partials: Σ_s exp(lse_s - lse) o_s", inputs=inputs,
+                      plain=plain_o, factor=2.0,
+                      diagnose=lambda tol: dg.diagnose_combine(o, "o", partials, tol=tol, lengths=lengths))
+    close_or_diagnose(lse, exp_lse, what="lse of combine_partials: log Σ_s exp(lse_s)", inputs=inputs,
+                      plain=plain_lse, factor=2.0,
+                      diagnose=lambda tol: dg.diagnose_combine(lse, "lse", partials, tol=tol, lengths=lengths))
+
+
+def check_combine_all_empty(student, case: DecodeCase, n: int = 3) -> None:
+    """Every segment empty: ⊕ of identities is the identity, (o = 0, lse = -inf), with no NaN."""
+    q, k, v = case.qkv()
+    partials = [(torch.zeros(*case.lead, case.nq, case.d, dtype=q.dtype),
+                 torch.full((*case.lead, case.nq), -math.inf, dtype=q.dtype)) for _ in range(n)]
+    o, lse = unpack(student.call("flash_decoding.combine_partials", partials), 2,
+                    what="combine_partials returns (o, lse)")
+    inputs = {"segment lengths": [0] * n, "each o_s": partials[0][0], "each lse_s": partials[0][1]}
+    check(type(o) is torch.Tensor and type(lse) is torch.Tensor, what="combine_partials returns tensors",
+          inputs=inputs)
+    check(not bool(torch.isnan(o).any()) and not bool(torch.isnan(lse).any()),
+          what="no NaN when every segment is empty", detail=f"o: {int(torch.isnan(o).sum())} NaN, "
+          f"lse: {int(torch.isnan(lse).sum())} NaN", hint=dg.HINT_EMPTY_SEGMENT, inputs=inputs)
+    check(bool((o == 0).all()) and bool(torch.isneginf(lse).all()),
+          what="every segment empty gives o = 0 and lse = -inf", hint=dg.HINT_EMPTY_SEGMENT, inputs=inputs)
+
+
+def check_decode(student, case: DecodeCase, *, hidden: bool = False) -> None:
+    """flash_decode(q, k, v, num_splits, scale) against float64 attention (no mask), o and lse."""
+    q, k, v = case.qkv()
+    out = student.scenario("part6.decode", q=q, k=k, v=v, num_splits=case.num_splits, scale=case.scale)
+    o, lse = unpack(out["result"], 2, what="flash_decode returns (o, lse)")
+    ref_o, ref_lse = attention_reference(q, k, v, False, case.scale)
+    plain_o, plain_lse = attention_plain(q, k, v, False, case.scale)
+    inputs = case.shown(q, k, v)
+    lengths = out["seg_lengths"]
+    close_or_diagnose(o, ref_o, what=f"o of flash_decode with {case.num_splits} splits against float64 attention",
+                      inputs=inputs, plain=plain_o, factor=2.0,
+                      diagnose=lambda tol: dg.diagnose_decode(o, "o", q, k, v, seg_lengths=lengths,
+                                                              scale=case.scale, tol=tol))
+    close_or_diagnose(lse, ref_lse, what=f"lse of flash_decode with {case.num_splits} splits", inputs=inputs,
+                      plain=plain_lse, factor=2.0,
+                      diagnose=lambda tol: dg.diagnose_decode(lse, "lse", q, k, v, seg_lengths=lengths,
+                                                              scale=case.scale, tol=tol))
+
+
+def check_decode_trace(student, case: DecodeCase) -> None:
+    """flash_decode traced: no fused attention op, matmul FLOPs exactly 4·Nq·Nk·d per (batch, head)."""
+    q, k, v = case.qkv()
+    out = student.scenario("part6.trace_decode", q=q, k=k, v=v, num_splits=case.num_splits, scale=case.scale)
+    trace, inputs = out["trace"], case.shown(q, k, v)
+    fused = trace["fused_attention_ops"]
+    check(not fused, what="no fused attention op inside flash_decode", detail=f"the call dispatched {', '.join(fused)}",
+          hint=HINT_DECODE_FUSED, inputs=inputs)
+    expected = 4 * math.prod(case.lead) * case.nq * case.nk * case.d
+    got = trace["matmul_flops"]
+    hint = HINT_DECODE_FLOPS
+    if got < expected and trace["broadcast_product_elems"]:
+        hint = f"a matmul is written as a broadcast multiply + sum ({trace['broadcast_product_elems']:,} products); " \
+               "use @ / torch.matmul"
+    check(got == expected, what="matmul FLOPs of flash_decode = 4·Nq·Nk·d per (batch, head)",
+          detail=f"counted {got:,}, expected {expected:,}", hint=hint, inputs=inputs)

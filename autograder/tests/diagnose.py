@@ -1,0 +1,489 @@
+"""Judge-side recognisers of known attention bugs (parts 2, 4 and 6; other parts append at the end).
+
+When an output check fails, the tests call diagnose_forward / diagnose_backward / diagnose_decode. They
+recompute, in float64 on the same inputs, what each known buggy variant of the algorithm outputs. If the
+student's output matches one variant far better than the correct result, the hint names THAT bug;
+otherwise it names the concept (NaN in fully masked rows, lse convention, ...). Every hint also says
+WHERE the error is (which rows / keys, which blocks), e.g. "error only in rows 64..112 (the ragged last
+Q block)".
+
+Nothing here runs student code: inputs and the student's outputs arrive as tensors in the judge.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+LN2 = math.log(2.0)
+
+# ---------------------------------------------------------------------------------------------------
+# Hints (the mutation catalogue checks that these substrings reach the feedback)
+
+HINT_RESCALE = "acc and ℓ must be rescaled by exp(m_old - m_new) when the row max grows (§5.1)"
+HINT_LSE_BASE2 = "lse is in base 2: use the natural log, lse = m + ln ℓ (§5.1)"
+HINT_LSE_MISSING_M = "lse is missing m: lse = m + log ℓ, not log ℓ (ℓ is a sum relative to the max m, §5.1)"
+HINT_LSE_NO_LOG_L = "lse is just the row max m: lse = m + log ℓ (§5.1)"
+HINT_TOPLEFT = ("causal mask aligned top-left (key j <= i): the handout's alignment is bottom-right, "
+                "query i sees key j iff j <= i + (Nk - Nq) (§6.2)")
+HINT_CAUSAL_IGNORED = "causal=True must mask every key j > i + (Nk - Nq) (bottom-right, §6.2)"
+HINT_DIAGONAL = ("diagonal block skipped: a K/V block that crosses the diagonal must be computed and masked "
+                 "element-wise; only blocks entirely above it may be skipped (§6.2)")
+HINT_RAGGED_Q = ("the ragged last Q block is missing: loop i0 over range(0, Nq, block_q) and let the last "
+                 "block be shorter than block_q")
+HINT_RAGGED_K = ("the ragged last K/V block is ignored: loop j0 over range(0, Nk, block_k) and let the last "
+                 "block be shorter than block_k")
+HINT_SCALE = "scores must be scaled: S = scale · q kᵀ, and scale=None means 1/√d (handout conventions)"
+HINT_NEGINF_GUARD = ("NaN in rows that can attend to no key: guard exp(-inf - (-inf)) and ℓ = 0 so such rows "
+                     "get o = 0, lse = -inf (§4.4)")
+HINT_NAN = ("NaN/inf in rows that do attend keys: subtract the running max before exp (§4.2) and rescale "
+            "with exp(m_old - m_new), which is never exp(+inf)")
+HINT_MASKED_LSE = "a row that can attend to no key must get o = 0 and lse = -inf (handout conventions)"
+HINT_FORWARD = ("o must equal softmax(scale · q kᵀ, masked) v and lse = log Σ_j exp(S_ij); step through "
+                "§5.1's pseudocode on a small input")
+
+HINT_D = "D_i must be rowsum(dO_i ∘ O_i) (§7.3): dS = P ∘ (dP - D)"
+HINT_DQ_OVERWRITTEN = ("dQ must be accumulated over all K/V blocks (dQ_i += scale · dS_ij K_j); here only the "
+                       "last K/V block's contribution is left, it was overwritten (§7.4)")
+HINT_DKDV_OVERWRITTEN = ("dK and dV must be accumulated over all Q blocks (dK_j += …, dV_j += P_ijᵀ dO_i); "
+                         "here only the last Q block's contribution is left (§7.4)")
+HINT_DQDK_SCALE = ("the softmax scale is missing in dQ/dK: S = scale · Q Kᵀ, so dQ = scale · dS K and "
+                   "dK = scale · dSᵀ Q (§7.1)")
+HINT_BACKWARD = ("recompute P = exp(scale · Q Kᵀ - L) per tile, then dV += Pᵀ dO, dP = dO Vᵀ, "
+                 "dS = P ∘ (dP - D), dQ += scale · dS K, dK += scale · dSᵀ Q (§7.2–§7.4)")
+HINT_BACKWARD_NAN = ("NaN in the gradients: rows that attend no key have L = -inf; guard exp(S - L) so their "
+                     "P row is 0 (FlashAttention stores +inf there internally)")
+
+HINT_COMBINE_AVERAGE = ("combine_partials averages the segment outputs (or weights them by length): weight "
+                        "segment s by exp(lse_s - lse) with lse = log Σ_s exp(lse_s), the ⊕ rule (§4.4, §8.4)")
+HINT_COMBINE_SUM = ("combine_partials adds the segment outputs unweighted: each o_s is already normalised, "
+                    "weight it by exp(lse_s - lse) (⊕, §4.4, §8.4)")
+HINT_COMBINE_LSE = "the combined lse is log Σ_s exp(lse_s) (computed stably around max_s lse_s), §4.4"
+HINT_SEGMENT_DROPPED = "a K/V segment is left out: every key must be in exactly one segment (§8.4)"
+HINT_DECODE = ("flash_decode = combine_partials of attention_partial over split_kv's segments; each partial is "
+               "(o_s normalised within its segment, lse_s), combined with ⊕ (§8.4)")
+HINT_EMPTY_SEGMENT = ("an empty segment (o = 0, lse = -inf) is the identity of ⊕: no NaN, even when every segment is "
+                      "empty; guard exp(lse_s - lse) where lse = -inf (§4.4)")
+
+# A variant "matches" when the student is at least 20× closer to it than to the correct result, and
+# within 10× the check's tolerance of it (a bug that scales values up, e.g. a missing softmax scale,
+# scales the float32 rounding error up with them).
+MATCH_RATIO = 0.05
+MATCH_TOL_FACTOR = 10.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _mask(nq: int, nk: int, causal: bool, topleft: bool = False) -> torch.Tensor:
+    """True where query i may attend key j. Bottom-right unless topleft."""
+    i = torch.arange(nq).unsqueeze(1)
+    j = torch.arange(nk).unsqueeze(0)
+    if not causal:
+        return torch.ones(nq, nk, dtype=torch.bool)
+    return j <= i + (0 if topleft else nk - nq)
+
+
+def fully_masked_rows(nq: int, nk: int, causal: bool) -> list[int]:
+    """Queries that may attend no key (causal with Nq > Nk, bottom-right)."""
+    return [i for i in range(nq) if causal and i + nk - nq < 0]
+
+
+def _dist(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b|, where equal infinities count as 0 and any other NaN/inf disagreement as inf."""
+    return _error_map(a, b).max().item() if a.numel() else 0.0
+
+
+def _error_map(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """|actual - expected| with mismatched NaN/inf patterns counted as inf."""
+    a, e = actual.double(), expected.double()
+    err = (a - e).abs()
+    same_inf = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
+    err = torch.where(same_inf, torch.zeros_like(err), err)
+    return torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
+
+
+def _ranges(idx: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for i in idx:
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
+def _fmt_ranges(r: list[tuple[int, int]], limit: int = 4) -> str:
+    parts = [f"{a}" if a == b else f"{a}..{b}" for a, b in r[:limit]]
+    return ", ".join(parts) + (f", … ({len(r) - limit} more ranges)" if len(r) > limit else "")
+
+
+def locate(actual: torch.Tensor, expected: torch.Tensor, *, tol: float, row_dim: int, n_rows: int,
+           block: int | None, noun: str = "rows", block_name: str = "Q",
+           masked_rows: list[int] | None = None) -> tuple[str, str | None]:
+    """Where |actual - expected| > tol: (sentence naming the rows/keys and blocks, tag).
+
+    tag is "ragged" when the error is confined to the ragged last block, "masked" when it is confined
+    to rows that can attend to no key, else None."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.numel() == 0:
+        return "", None
+    bad = _error_map(actual, expected) > tol
+    if not bad.any():
+        return "", None
+    dim = row_dim % bad.dim()
+    other = [d for d in range(bad.dim()) if d != dim]
+    rows_bad = bad.permute(dim, *other).reshape(bad.shape[dim], -1).any(dim=1)
+    rows = [i for i in range(n_rows) if rows_bad[i]]
+    where = f"error only in {noun} {_fmt_ranges(_ranges(rows))} of 0..{n_rows - 1}"
+    if len(rows) == n_rows:
+        where = f"error in all {noun} 0..{n_rows - 1}"
+    notes, tag = [], None
+    first_ragged = (n_rows // block) * block if block else n_rows
+    if block and 0 < first_ragged < n_rows and rows[0] >= first_ragged:  # there is a full block before it
+        notes.append(f"the ragged last {block_name} block, {noun} {first_ragged}..{n_rows - 1}")
+        tag = "ragged"
+    elif block and n_rows < block and len(rows) == n_rows:
+        tag = "ragged"  # the only block is ragged: said by the hint, if no known bug matches better
+    elif masked_rows and set(rows) <= set(masked_rows):
+        notes.append("exactly rows that can attend to no key")
+        tag = "masked"
+    elif block and len(rows) < n_rows:
+        blocks = sorted({i // block for i in rows})
+        notes.append(f"{block_name} block{'s' if len(blocks) > 1 else ''} "
+                     f"{_fmt_ranges(_ranges(blocks))} of size {block}")
+    # Leading (batch, head) positions, when the error is not everywhere.
+    lead_dims = bad.dim() - (2 if row_dim == -2 else 1)
+    if lead_dims > 0:
+        lead_bad = bad.reshape(*bad.shape[:lead_dims], -1).any(-1)
+        if not lead_bad.all():
+            idx = [tuple(int(x) for x in t) for t in lead_bad.nonzero()[:3]]
+            notes.append(f"only at leading index {', '.join(map(str, idx))}"
+                         + (" …" if int(lead_bad.sum()) > 3 else ""))
+    return where + (f" ({'; '.join(notes)})" if notes else ""), tag
+
+
+def _best_variant(actual: torch.Tensor, correct: torch.Tensor, variants: dict[str, tuple[torch.Tensor, str]],
+                  tol: float) -> str | None:
+    """The hint of the variant the student's output matches far better than the correct one, if any."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
+        return None
+    err_correct = _dist(actual, correct)
+    best: tuple[float, str] | None = None
+    for out, hint in variants.values():
+        if out.shape != correct.shape or _dist(out, correct) <= tol:
+            continue  # this variant is indistinguishable from the correct result on these inputs
+        e = _dist(actual, out)
+        if e <= MATCH_TOL_FACTOR * tol and (err_correct == math.inf or e <= MATCH_RATIO * err_correct):
+            if best is None or e < best[0]:
+                best = (e, hint)
+    return best[1] if best else None
+
+
+def _compose(*parts: str | None) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 2: forward variants, in float64. Every variant but the rescaling bugs is "attention under
+# another mask" (top-left, diagonal block skipped, ragged block dropped, ...), so they are computed
+# with whole matrices; only the rescaling bugs need the K/V-block loop of §5.1.
+
+
+def block_mask(nq: int, nk: int, *, causal: bool, block_q: int, block_k: int, topleft: bool = False,
+               skip_diagonal: bool = False, drop_ragged_rows: bool = False,
+               drop_ragged_keys: bool = False) -> torch.Tensor:
+    """(nq, nk) bool: the (query, key) pairs a tiled implementation with these bugs lets through."""
+    allowed = _mask(nq, nk, causal, topleft)
+    if skip_diagonal:  # only (Q block, K/V block) pairs that are entirely visible survive
+        full = allowed.clone()
+        for i0 in range(0, nq, block_q):
+            for j0 in range(0, nk, block_k):
+                tile = allowed[i0:i0 + block_q, j0:j0 + block_k]
+                if not tile.all():
+                    full[i0:i0 + block_q, j0:j0 + block_k] = False
+        allowed = full
+    if drop_ragged_rows:
+        allowed = allowed.clone()
+        allowed[(nq // block_q) * block_q:] = False
+    if drop_ragged_keys:
+        allowed = allowed.clone()
+        allowed[:, (nk // block_k) * block_k:] = False
+    return allowed
+
+
+def masked_attention(q, k, v, allowed: torch.Tensor, scale: float | None):
+    """(o, lse, m) in float64 for an arbitrary (nq, nk) mask; rows with no key: o = 0, lse = m = -inf."""
+    q, k, v = q.double(), k.double(), v.double()
+    s = (_scale(q, scale) * q @ k.transpose(-1, -2)).masked_fill(~allowed, -math.inf)
+    m = s.amax(-1) if s.shape[-1] else torch.full(s.shape[:-1], -math.inf, dtype=torch.float64)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse).unsqueeze(-1))
+    return p @ v, lse, m
+
+
+def no_rescale_forward(q, k, v, *, causal, block_k, scale, rescale_acc=True, rescale_l=True):
+    """§5.1's K/V-block loop (all query rows at once) with acc and/or ℓ not rescaled. Returns (o, lse)."""
+    q, k, v = q.double(), k.double(), v.double()
+    nq, nk = q.shape[-2], k.shape[-2]
+    allowed = _mask(nq, nk, causal)
+    m = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+    for j0 in range(0, nk, block_k):  # Q blocking does not matter: each row's sequence of K/V blocks does
+        j1 = min(j0 + block_k, nk)
+        s = (_scale(q, scale) * q @ k[..., j0:j1, :].transpose(-1, -2)).masked_fill(~allowed[:, j0:j1], -math.inf)
+        m_new = torch.maximum(m, s.amax(-1))
+        base = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - base.unsqueeze(-1))
+        alpha = torch.exp(m - base)
+        l = (l * alpha if rescale_l else l) + p.sum(-1)
+        acc = (acc * alpha.unsqueeze(-1) if rescale_acc else acc) + p @ v[..., j0:j1, :]
+        m = m_new
+    return acc / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1), m + torch.log(l)
+
+
+def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, tuple[torch.Tensor, torch.Tensor, str]]:
+    """name -> (o, lse, hint) of each known buggy forward on these inputs (float64)."""
+    nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    blocks = dict(causal=causal, block_q=block_q, block_k=block_k)
+    o, lse, m = masked_attention(q, k, v, _mask(nq, nk, causal), scale)
+    log_l = torch.where(torch.isneginf(lse), lse, lse - m)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor, str]] = {
+        "lse_base2": (o, lse / LN2, HINT_LSE_BASE2),
+        "lse_m_plus_log2_l": (o, m + log_l / LN2, HINT_LSE_BASE2),
+        "lse_missing_m": (o, log_l, HINT_LSE_MISSING_M),
+        "lse_is_m": (o, m, HINT_LSE_NO_LOG_L),
+    }
+    for name, flags in (("no_rescale_acc", dict(rescale_acc=False)), ("no_rescale_l", dict(rescale_l=False)),
+                        ("no_rescale", dict(rescale_acc=False, rescale_l=False))):
+        out[name] = (*no_rescale_forward(q, k, v, causal=causal, block_k=block_k, scale=scale, **flags),
+                     HINT_RESCALE)
+    masks = {"ragged_rows_dropped": (dict(drop_ragged_rows=True), HINT_RAGGED_Q),
+             "ragged_keys_dropped": (dict(drop_ragged_keys=True), HINT_RAGGED_K)}
+    if causal:
+        masks["topleft_causal"] = (dict(topleft=True), HINT_TOPLEFT)
+        masks["diagonal_block_skipped"] = (dict(skip_diagonal=True), HINT_DIAGONAL)
+        masks["causal_ignored"] = (dict(causal=False), HINT_CAUSAL_IGNORED)
+    for name, (flags, hint) in masks.items():
+        out[name] = (*masked_attention(q, k, v, block_mask(nq, nk, **{**blocks, **flags}), scale)[:2], hint)
+    other_scale = 1.0 if scale is None else 1.0 / math.sqrt(d)  # scale forgotten / scale argument ignored
+    out["wrong_scale"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), other_scale)[:2], HINT_SCALE)
+    return out
+
+
+def diagnose_forward(actual: torch.Tensor, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
+                     scale: float | None, tol: float, where: bool = True) -> str:
+    """Hint for a failed check of flash_forward's o (which="o") or lse (which="lse").
+
+    where=False (hidden tests) leaves out the rows/blocks sentence, which would reveal the inputs."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    o, lse, _ = masked_attention(q, k, v, _mask(nq, nk, causal), scale)
+    correct = o if which == "o" else lse
+    if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
+        return ""
+    masked = fully_masked_rows(nq, nk, causal)
+    row_dim = -2 if which == "o" else -1
+    place, tag = locate(actual, correct, tol=tol, row_dim=row_dim, n_rows=nq, block=block_q, masked_rows=masked)
+    place = place if where else ""
+    nan = torch.isnan(actual)
+    per_row = (nan.any(-1) if which == "o" else nan).reshape(-1, nq).any(0)  # (Nq,)
+    nan_rows = set(per_row.nonzero()[:, 0].tolist())
+    if nan_rows and masked and nan_rows <= set(masked):
+        return _compose(HINT_NEGINF_GUARD, place)
+    variants = {name: ((vo if which == "o" else vl), hint)
+                for name, (vo, vl, hint) in forward_variants(q, k, v, causal=causal, block_q=block_q,
+                                                              block_k=block_k, scale=scale).items()}
+    hint = _best_variant(actual, correct, variants, tol)
+    if hint:
+        return _compose(hint, place)
+    if tag == "ragged":
+        return _compose(HINT_RAGGED_Q, place)
+    if nan_rows:
+        return _compose(HINT_NAN, place)
+    if masked and which == "lse" and not torch.isneginf(actual[..., masked]).all():
+        return _compose(HINT_MASKED_LSE, place)
+    return _compose(HINT_FORWARD, place)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 4: backward variants, in float64, with whole matrices (§7.1's formulas) and masks.
+
+
+def _last_block_mask(visible: torch.Tensor, block_rows: int, block_cols: int) -> torch.Tensor:
+    """For each block of rows, True on the columns of the LAST column block it computes (others False)."""
+    n_rows, n_cols = visible.shape
+    out = torch.zeros_like(visible)
+    for r0 in range(0, n_rows, block_rows):
+        cols = [c0 for c0 in range(0, n_cols, block_cols) if visible[r0:r0 + block_rows, c0:c0 + block_cols].any()]
+        if cols:
+            out[r0:r0 + block_rows, cols[-1]:cols[-1] + block_cols] = True
+    return out
+
+
+def masked_backward(q, k, v, o, lse, do, allowed: torch.Tensor, scale: float | None, *, d_mode: str = "correct",
+                    dq_scale: bool = True, dk_scale: bool = True, dq_only: torch.Tensor | None = None,
+                    dkdv_only: torch.Tensor | None = None):
+    """(dq, dk, dv) of attention given o and lse (§7.1–§7.3), P recomputed under `allowed`, with switches:
+    d_mode ("correct" | "rowsum_do" | "zero" | "do_dot_v"), a missing scale in dQ / dK, and dq_only /
+    dkdv_only masks that keep only some (query, key) contributions (an overwritten accumulator)."""
+    q, k, v, o, lse, do = (t.double() for t in (q, k, v, o, lse, do))
+    sc = _scale(q, scale)
+    D = {"correct": lambda: (do * o).sum(-1), "rowsum_do": lambda: do.sum(-1),
+         "zero": lambda: torch.zeros_like(lse), "do_dot_v": lambda: (do * v).sum(-1)}[d_mode]()
+    lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)  # P row = 0 there
+    s = sc * q @ k.transpose(-1, -2)
+    p = torch.exp(s - lse_safe.unsqueeze(-1)).masked_fill(~allowed, 0.0)
+    ds = p * (do @ v.transpose(-1, -2) - D.unsqueeze(-1))
+    ds_q = ds if dq_only is None else ds.masked_fill(~dq_only, 0.0)
+    ds_k, p_v = (ds, p) if dkdv_only is None else (ds.masked_fill(~dkdv_only, 0.0), p.masked_fill(~dkdv_only, 0.0))
+    dq = (sc if dq_scale else 1.0) * ds_q @ k
+    dk = (sc if dk_scale else 1.0) * ds_k.transpose(-1, -2) @ q
+    return dq, dk, p_v.transpose(-1, -2) @ do
+
+
+def backward_variants(q, k, v, o, lse, do, *, causal, block_q, block_k, scale):
+    """name -> ((dq, dk, dv), hint) of each known buggy backward on these inputs (float64)."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    allowed = _mask(nq, nk, causal)
+    blocks = dict(causal=causal, block_q=block_q, block_k=block_k)
+    run = lambda mask=allowed, **kw: masked_backward(q, k, v, o, lse, do, mask, scale, **kw)  # noqa: E731
+    # The last K/V block each Q block computes (dQ overwritten), and the last Q block each K/V block sees.
+    visible = block_mask(nq, nk, **blocks)
+    last_kv = _last_block_mask(visible, block_q, block_k)
+    last_q = _last_block_mask(visible.t().contiguous(), block_k, block_q).t()
+    out = {
+        "D_rowsum_dO": (run(d_mode="rowsum_do"), HINT_D),
+        "D_zero": (run(d_mode="zero"), HINT_D),
+        "dq_overwritten": (run(dq_only=last_kv), HINT_DQ_OVERWRITTEN),
+        "dkdv_overwritten": (run(dkdv_only=last_q), HINT_DKDV_OVERWRITTEN),
+        "dq_dk_missing_scale": (run(dq_scale=False, dk_scale=False), HINT_DQDK_SCALE),
+        "ragged_rows_dropped": (run(block_mask(nq, nk, **blocks, drop_ragged_rows=True)), HINT_RAGGED_Q),
+        "ragged_keys_dropped": (run(block_mask(nq, nk, **blocks, drop_ragged_keys=True)), HINT_RAGGED_K),
+    }
+    if nq == nk:
+        out["D_dO_dot_V"] = (run(d_mode="do_dot_v"), HINT_D)
+    if causal:
+        out["topleft_causal"] = (run(block_mask(nq, nk, **blocks, topleft=True)), HINT_TOPLEFT)
+        out["diagonal_block_skipped"] = (run(block_mask(nq, nk, **blocks, skip_diagonal=True)), HINT_DIAGONAL)
+    return out
+
+
+def diagnose_backward(actual: torch.Tensor, which: str, q, k, v, o, lse, do, *, causal: bool, block_q: int,
+                      block_k: int, scale: float | None, tol: float, where: bool = True) -> str:
+    """Hint for a failed check of one gradient (which in "dq", "dk", "dv") of flash_backward."""
+    idx = {"dq": 0, "dk": 1, "dv": 2}[which]
+    kw = dict(causal=causal, block_q=block_q, block_k=block_k, scale=scale)
+    correct = masked_backward(q, k, v, o, lse, do, _mask(q.shape[-2], k.shape[-2], causal), scale)[idx]
+    if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
+        return ""
+    nq, nk = q.shape[-2], k.shape[-2]
+    if which == "dq":
+        place, tag = locate(actual, correct, tol=tol, row_dim=-2, n_rows=nq, block=block_q,
+                            masked_rows=fully_masked_rows(nq, nk, causal))
+    else:
+        place, tag = locate(actual, correct, tol=tol, row_dim=-2, n_rows=nk, block=block_k, noun="keys",
+                            block_name="K/V")
+    place = place if where else ""
+    if torch.isnan(actual).any():
+        return _compose(HINT_BACKWARD_NAN, place)
+    variants = {name: (grads[idx], hint) for name, (grads, hint) in
+                backward_variants(q, k, v, o, lse, do, **kw).items()}
+    hint = _best_variant(actual, correct, variants, tol)
+    if hint:
+        return _compose(hint, place)
+    if tag == "ragged":
+        return _compose(HINT_RAGGED_Q if which == "dq" else HINT_RAGGED_K, place)
+    return _compose(HINT_BACKWARD, place)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 6: Flash-Decoding combine variants
+
+
+def _partial(q, k_seg, v_seg, scale):
+    """Reference partial (o_s, lse_s) in float64; an empty segment gives (0, -inf)."""
+    q, k_seg, v_seg = q.double(), k_seg.double(), v_seg.double()
+    if k_seg.shape[-2] == 0:
+        return (torch.zeros(*q.shape[:-1], v_seg.shape[-1], dtype=torch.float64),
+                torch.full(q.shape[:-1], -math.inf, dtype=torch.float64))
+    s = _scale(q, scale) * q @ k_seg.transpose(-1, -2)
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v_seg, lse
+
+
+def combine_variants(partials: list[tuple[torch.Tensor, torch.Tensor]], lengths: list[int] | None = None):
+    """name -> ((o or None, lse or None), hint) for the known wrong ways to combine (o_s, lse_s) partials."""
+    os_ = torch.stack([p[0].double() for p in partials])  # (S, ..., Nq, dv)
+    ls = torch.stack([p[1].double() for p in partials])  # (S, ..., Nq)
+    finite = torch.isfinite(ls)
+    lse = torch.logsumexp(ls, 0)
+    n_nonempty = finite.sum(0).clamp(min=1)
+    lse_max = ls.amax(0)
+    w_max = torch.exp(ls - torch.where(torch.isneginf(lse_max), torch.zeros_like(lse_max), lse_max))
+    out = {
+        "average_all": ((os_.mean(0), lse), HINT_COMBINE_AVERAGE),
+        "average_nonempty": ((os_.sum(0) / n_nonempty.unsqueeze(-1), lse), HINT_COMBINE_AVERAGE),
+        "sum": ((os_.sum(0), lse), HINT_COMBINE_SUM),
+        # lse = max_s lse_s: the weights exp(lse_s - max) are then not normalised
+        "lse_max": (((w_max.unsqueeze(-1) * os_).sum(0), lse_max), HINT_COMBINE_LSE),
+        "lse_mean": ((None, torch.where(finite, ls, torch.zeros_like(ls)).sum(0) / n_nonempty), HINT_COMBINE_LSE),
+    }
+    if lengths and sum(lengths) > 0:
+        w = torch.tensor(lengths, dtype=torch.float64) / sum(lengths)
+        out["length_weighted"] = (((w.reshape(-1, *[1] * (os_.dim() - 1)) * os_).sum(0), lse), HINT_COMBINE_AVERAGE)
+    return out
+
+
+def combine_reference(partials: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The correct ⊕ of (o_s, lse_s) partials in float64: weights exp(lse_s - lse), lse = logsumexp_s."""
+    os_ = torch.stack([p[0].double() for p in partials])
+    ls = torch.stack([p[1].double() for p in partials])
+    lse = torch.logsumexp(ls, 0)
+    w = torch.exp(ls - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)).unsqueeze(-1)
+    return (w * os_).sum(0), lse
+
+
+def diagnose_combine(actual: torch.Tensor, which: str, partials, *, tol: float,
+                     lengths: list[int] | None = None) -> str:
+    """Hint for a failed check of a combined (o, lse) given the partials that were combined."""
+    o, lse = combine_reference(partials)
+    correct = o if which == "o" else lse
+    if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
+        return ""
+    if torch.isnan(actual).any():
+        return HINT_EMPTY_SEGMENT
+    idx = 0 if which == "o" else 1
+    variants = {name: (out[idx], hint) for name, (out, hint) in combine_variants(partials, lengths).items()
+                if out[idx] is not None}
+    return _best_variant(actual, correct, variants, tol) or HINT_DECODE
+
+
+def diagnose_decode(actual: torch.Tensor, which: str, q, k, v, *, seg_lengths: list[int] | None,
+                    scale: float | None, tol: float) -> str:
+    """Hint for a failed check of flash_decode; seg_lengths are the student's split_kv segment lengths."""
+    nk = k.shape[-2]
+    if not seg_lengths or sum(seg_lengths) != nk:
+        if seg_lengths and sum(seg_lengths) < nk:
+            return HINT_SEGMENT_DROPPED
+        seg_lengths = [nk]
+    bounds = [0]
+    for n in seg_lengths:
+        bounds.append(bounds[-1] + n)
+    partials = [_partial(q, k[..., a:b, :], v[..., a:b, :], scale) for a, b in zip(bounds, bounds[1:])]
+    hint = diagnose_combine(actual, which, partials, tol=tol, lengths=seg_lengths)
+    if hint != HINT_DECODE:
+        return hint
+    # One segment left out of the combine.
+    idx = 0 if which == "o" else 1
+    correct = combine_reference(partials)[idx]
+    dropped = {f"without_{i}": (combine_reference(partials[:i] + partials[i + 1:])[idx], HINT_SEGMENT_DROPPED)
+               for i in range(len(partials)) if len(partials) > 1 and seg_lengths[i] > 0}
+    return _best_variant(actual, correct, dropped, tol) or HINT_DECODE
+
+
+# Other parts: add your recognisers below, prefixed with your part (e.g. part5_...).
