@@ -1,0 +1,1 @@
+"""The assignment's grader: engine, rubric, tests, scenarios, starter generator (autograder/README.md)."""

@@ -1,0 +1,223 @@
+"""Checks used by every assignment test, so that feedback is uniform.
+
+Tolerance policy (see autograder/README.md):
+- float32 (and lower) with a `plain` result: the largest error of the student's result against the
+  float64 reference may be at most `factor` × the largest error of a plain implementation in the
+  same dtype, + atol (factor 2 for forward values, 3 for gradients; atol 1e-6). This is
+  FlashAttention's own rule; measured on this course's code, correct tiled code sits at 0.55–1.3×
+  the plain error and the known bugs at 10^5–10^7×.
+- float64: the reference is computed in the same precision, so the plain error is ~1e-16 and the
+  bound is essentially atol = 1e-10 (FLOAT64_ATOL). Reordering n additions changes a float64 sum by
+  at most ~n·2^-53 relative (1e-13 for n = 1000 on O(1) values), so 1e-10 leaves 1000× headroom for
+  correct code, while every bug of the catalogue is off by more than 1e-4.
+- without `plain`: elementwise |actual - expected| <= atol + rtol·|expected|; the caller justifies rtol.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+FLOAT64_ATOL = 1e-10
+DEFAULT_ATOL = 1e-6  # float32 and below (with the plain-error term)
+
+
+class CheckFailure(AssertionError):
+    """A check on a student's result failed. Carries structured fields for the feedback."""
+
+    def __init__(self, what: str, *, detail: str = "", inputs: Mapping[str, Any] | None = None,
+                 max_abs: float | None = None, max_rel: float | None = None, index: tuple | None = None,
+                 expected_value: float | None = None, actual_value: float | None = None,
+                 allowed: str | None = None, hint: str | None = None, kind: str = "check") -> None:
+        self.what, self.detail, self.hint, self.kind = what, detail, hint, kind
+        self.inputs = describe_inputs(inputs or {})
+        self.max_abs, self.max_rel, self.index = max_abs, max_rel, index
+        self.expected_value, self.actual_value, self.allowed = expected_value, actual_value, allowed
+        super().__init__(self.message())
+
+    def message(self, redact: bool = False) -> str:
+        """Several lines: what was checked, inputs, errors and where, hint. `redact` (hidden
+        tests) keeps only what was checked and the hint: no inputs, values or positions."""
+        lines = [f"checked: {self.what}"]
+        if redact:
+            lines.append("result: wrong (hidden test: inputs and values are not shown)")
+        else:
+            if self.inputs:
+                lines.append("inputs: " + ", ".join(f"{k} {v}" for k, v in self.inputs.items()))
+            if self.detail:
+                lines.append(self.detail)
+            if self.max_abs is not None:
+                at = f" at {list(self.index)}" if self.index is not None else ""
+                vals = ""
+                if self.expected_value is not None:
+                    vals = f" (expected {self.expected_value:.6g}, got {self.actual_value:.6g})"
+                rel = f"; max rel error {self.max_rel:.3g}" if self.max_rel is not None else ""
+                lines.append(f"max abs error {self.max_abs:.3g}{at}{vals}{rel}")
+            if self.allowed:
+                lines.append(f"allowed: {self.allowed}")
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+    def as_dict(self, redact: bool = False) -> dict:
+        hidden = redact
+        return {
+            "what": self.what, "hint": self.hint, "kind": self.kind,
+            "inputs": None if hidden else self.inputs,
+            "detail": None if hidden else (self.detail or None),
+            "max_abs_err": None if hidden else _num(self.max_abs),
+            "max_rel_err": None if hidden else _num(self.max_rel),
+            "index": None if hidden or self.index is None else list(self.index),
+            "allowed": None if hidden else self.allowed,
+        }
+
+
+def _num(x: float | None) -> float | str | None:
+    if x is None:
+        return None
+    return x if math.isfinite(x) else repr(x)
+
+
+def describe_inputs(inputs: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            out[name] = f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+        elif isinstance(value, (tuple, list)) and all(isinstance(s, int) for s in value):
+            out[name] = str(tuple(value))
+        else:
+            text = repr(value)
+            out[name] = text if len(text) <= 60 else text[:57] + "..."
+    return out
+
+
+def _type_name(x: Any) -> str:
+    return type(x).__name__
+
+
+def check(condition: bool, *, what: str, detail: str = "", hint: str | None = None,
+          inputs: Mapping[str, Any] | None = None) -> None:
+    """Fail with a CheckFailure unless condition is exactly True (not merely truthy)."""
+    if condition is not True:
+        raise CheckFailure(what, detail=detail, hint=hint, inputs=inputs)
+
+
+def unpack(result: Any, n: int, *, what: str, hint: str | None = None) -> tuple:
+    """result as a tuple of n items; a list is accepted. Fails clearly otherwise."""
+    if type(result) not in (tuple, list) or len(result) != n:
+        got = f"a {_type_name(result)} of length {len(result)}" if type(result) in (tuple, list) else f"a {_type_name(result)}"
+        raise CheckFailure(what, detail=f"expected a tuple of {n} values, got {got}", hint=hint, kind="type")
+    return tuple(result)
+
+
+def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    idx = []
+    for s in reversed(shape):
+        idx.append(flat % s if s else 0)
+        flat //= s if s else 1
+    return tuple(reversed(idx))
+
+
+def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
+                inputs: Mapping[str, Any] | None = None, plain: torch.Tensor | None = None,
+                factor: float = 2.0, atol: float | None = None, rtol: float | None = None,
+                hint: str | None = None, dtype: torch.dtype | None = None) -> None:
+    """Check a student's tensor against the float64 reference `expected`.
+
+    - type: `actual` must be a torch.Tensor (results are rebuilt from raw bytes in the judge, so
+      this is a real tensor and cannot compare equal on its own);
+    - dtype: `dtype` if given, else the dtype of `plain` if given, else the dtype of the first
+      floating tensor in `inputs`;
+    - shape: that of `expected`;
+    - non-finite values: NaN exactly where expected is NaN, the same ±inf where expected is ±inf,
+      finite elsewhere;
+    - values: with `plain`, max|actual-expected| <= factor·max|plain-expected| + atol; else
+      |actual-expected| <= atol + rtol·|expected| elementwise. atol defaults to FLOAT64_ATOL for
+      float64 results and DEFAULT_ATOL otherwise; rtol to 0.
+    """
+    if not isinstance(expected, torch.Tensor):
+        expected = torch.tensor(expected, dtype=torch.float64)
+    if type(actual) is not torch.Tensor:
+        raise CheckFailure(what, detail=f"expected a tensor of shape {tuple(expected.shape)}, got a {_type_name(actual)}",
+                           inputs=inputs, hint=hint, kind="type")
+    want_dtype = dtype or (plain.dtype if isinstance(plain, torch.Tensor) else None)
+    if want_dtype is None:
+        for v in (inputs or {}).values():
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                want_dtype = v.dtype
+                break
+    if want_dtype is not None and actual.dtype != want_dtype:
+        raise CheckFailure(what, detail=f"dtype {str(actual.dtype).removeprefix('torch.')}, expected "
+                           f"{str(want_dtype).removeprefix('torch.')} (outputs have the input's dtype)",
+                           inputs=inputs, hint=hint, kind="dtype")
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise CheckFailure(what, detail=f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}",
+                           inputs=inputs, hint=hint, kind="shape")
+    a = actual.detach().to(torch.float64) if not actual.is_complex() else actual.detach().to(torch.complex128)
+    e = expected.detach().to(a.dtype)
+    if atol is None:
+        atol = FLOAT64_ATOL if actual.dtype == torch.float64 else DEFAULT_ATOL
+    rtol = 0.0 if rtol is None else rtol
+    shape = e.shape
+
+    # non-finite agreement
+    e_nan, a_nan = torch.isnan(e), torch.isnan(a)
+    e_inf, a_inf = torch.isinf(e), torch.isinf(a)
+    bad = (a_nan & ~e_nan) | (e_nan & ~a_nan) | (e_inf & ~(a_inf & (a == e))) | (a_inf & ~e_inf)
+    if bool(bad.any()):
+        i = _index(int(bad.reshape(-1).nonzero()[0]), shape)
+        got, want = a[i].item(), e[i].item()
+        n_bad = int(bad.sum())
+        raise CheckFailure(what, detail=f"{n_bad} element(s) non-finite where they should not be (or the reverse): "
+                           f"at {list(i)} expected {want}, got {got}", inputs=inputs, hint=hint, kind="nonfinite",
+                           index=i)
+    finite = torch.isfinite(e)
+    diff = torch.where(finite, (a - e).abs(), torch.zeros((), dtype=torch.float64))
+    if diff.is_complex():
+        diff = diff.real
+    if diff.numel() == 0:
+        return
+    flat = diff.reshape(-1)
+    max_abs = float(flat.max())
+    where_abs = _index(int(flat.argmax()), shape)
+    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny) if not e.is_complex() else diff
+    rel = torch.where(finite & (e != 0), rel, torch.zeros((), dtype=torch.float64)).reshape(-1)
+    max_rel = float(rel.max())
+
+    if plain is not None:
+        p = plain.detach().to(a.dtype)
+        if tuple(p.shape) != tuple(e.shape):
+            raise ValueError(f"test bug: plain result has shape {tuple(p.shape)}, expected {tuple(e.shape)}")
+        p_err = torch.where(finite, (p - e).abs(), torch.zeros((), dtype=torch.float64))
+        if not bool(torch.isfinite(p_err).all()):
+            raise ValueError("test bug: the plain implementation is not finite where the reference is")
+        err_plain = float(p_err.max()) if p_err.numel() else 0.0
+        bound = factor * err_plain + atol
+        if max_abs <= bound:
+            return
+        allowed = (f"{factor:g} × plain {str(plain.dtype).removeprefix('torch.')} error {err_plain:.3g} "
+                   f"+ {atol:g} = {bound:.3g}")
+        i = where_abs
+    else:
+        tol = atol + rtol * e.abs()
+        excess = torch.where(finite, diff - tol, torch.full((), -1.0, dtype=torch.float64)).reshape(-1)
+        if float(excess.max()) <= 0:
+            return
+        i = _index(int(excess.argmax()), shape)
+        allowed = f"|error| <= {atol:g}" + (f" + {rtol:g}·|expected|" if rtol else "") + " elementwise"
+    raise CheckFailure(what, inputs=inputs, max_abs=max_abs if plain is not None else float(diff[i]),
+                       max_rel=max_rel, index=i, expected_value=float(e[i].real if e.is_complex() else e[i]),
+                       actual_value=float(a[i].real if a.is_complex() else a[i]), allowed=allowed, hint=hint,
+                       kind="mismatch")
+
+
+def judge_settings(max_examples: int = 25, **overrides: Any):
+    """hypothesis settings for tests that call the student: deterministic, no example database on
+    disk, no deadline (a call crosses a process boundary), and no shrinking (each shrink step
+    would call the student again; a hanging submission would cost a timeout per step)."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+                    phases=(Phase.explicit, Phase.generate), report_multiple_bugs=False,
+                    suppress_health_check=list(HealthCheck), print_blob=False, **overrides)

@@ -1,0 +1,434 @@
+"""grade(): run the assignment tests in this process (the judge) against one submission.
+
+pytest runs in-process with a plugin that provides the `student` fixture, orders the tests by
+part, records each outcome with the structured reason, and turns them into the report dict of
+the interface (points from the rubric). Pinned: rootdir and confcutdir are the tests folder,
+the ini file is the engine's own, plugin autoloading is off and the cache provider is disabled, so
+nothing outside the tests folder (least of all the submission's folder) takes part.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pytest
+
+from . import static
+from .checks import CheckFailure
+from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
+    prepare_submission
+from .rubric import Rubric, load_rubric
+
+DEFAULT_TESTS_DIR = AUTOGRADER_DIR / "tests"
+TEST_SETS = ("public", "hidden")
+PLUGIN_NAME = "autograder-engine"
+_PART_MARK = re.compile(r"^part(\d+)$")
+
+
+class GradingPlugin:
+    """The judge's pytest plugin for one grading run."""
+
+    def __init__(self, engine: Engine, rubric: Rubric, parts: Sequence[int], tests_dir: Path,
+                 redact_sets: Iterable[str] = ("hidden",), fail_fast: bool = False) -> None:
+        self.engine, self.rubric, self.parts, self.tests_dir = engine, rubric, list(parts), tests_dir
+        self.redact_sets = set(redact_sets)
+        self.fail_fast = fail_fast
+        self.failed_parts: set[int] = set()
+        self.items: list[dict] = []  # in run order: {"nodeid", "part", "set", "function"}
+        self.by_id: dict[str, dict] = {}
+        self.results: dict[str, dict] = {}  # nodeid -> {"outcome", "exc"}
+        self.errors: list[str] = []
+
+    # -- configuration and collection ------------------------------------------------------
+    def pytest_configure(self, config: pytest.Config) -> None:
+        # The report is built from the exceptions themselves; pytest's source-annotated traceback
+        # of each failure would cost ~0.1 s per failing test (the starter fails every test).
+        config.option.tbstyle = "line"
+        for part in self.rubric.parts:
+            config.addinivalue_line("markers", f"{part.marker}: tests of part {part.number} ({part.name})")
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            text = str(report.longrepr).strip().splitlines()
+            self.errors.append(f"collection error in {report.nodeid or 'the tests'}: {text[-1] if text else ''}")
+
+    def _test_set(self, item: pytest.Item) -> str:
+        try:
+            rel = Path(str(item.path)).resolve().relative_to(self.tests_dir.resolve())
+            return rel.parts[0] if len(rel.parts) > 1 else "public"
+        except ValueError:
+            return "public"
+
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        keep, drop = [], []
+        for item in items:
+            parts = [p for m in item.iter_markers() if (p := self.rubric.part_of_marker(m.name))]
+            numbers = sorted({p.number for p in parts})
+            if len(numbers) != 1:
+                self.errors.append(f"{item.nodeid}: a test needs exactly one part marker, found {numbers or 'none'}")
+                drop.append(item)
+                continue
+            if numbers[0] not in self.parts:
+                drop.append(item)
+                continue
+            info = {"nodeid": item.nodeid, "part": numbers[0], "set": self._test_set(item),
+                    "function": getattr(item, "originalname", None) or item.name, "order": len(keep)}
+            item.stash[_INFO] = info
+            keep.append(item)
+        set_rank = {s: i for i, s in enumerate(TEST_SETS)}
+        keep.sort(key=lambda it: (it.stash[_INFO]["part"], set_rank.get(it.stash[_INFO]["set"], 9),
+                                  it.stash[_INFO]["order"]))
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+        for item in keep:
+            info = item.stash[_INFO]
+            self.items.append(info)
+            self.by_id[info["nodeid"]] = info
+
+    # -- the fixture ---------------------------------------------------------------------
+    @pytest.fixture
+    def student(self, request: pytest.FixtureRequest) -> StudentProxy:
+        info = request.node.stash.get(_INFO, None)
+        if info is None:
+            raise RuntimeError("test bug: the student fixture is only for tests with a part marker")
+        return StudentProxy(self.engine, info["part"], info["nodeid"])
+
+    # -- outcomes ------------------------------------------------------------------------
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        info = item.stash.get(_INFO, None)
+        if self.fail_fast and info is not None and info["part"] in self.failed_parts:
+            pytest.skip("not run: an earlier test of this part failed (fail-fast mode)")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        if item.nodeid in self.by_id:
+            res = self.results.setdefault(item.nodeid, {"outcome": "passed", "exc": None, "text": ""})
+            if report.skipped and res["outcome"] == "passed":
+                res["outcome"] = "skipped"
+                res["text"] = str(getattr(call.excinfo, "value", "")) if call.excinfo else "skipped"
+            elif report.failed and res["exc"] is None:
+                exc = _relevant(call.excinfo.value) if call.excinfo else None
+                res["exc"] = exc
+                if isinstance(exc, (CheckFailure, StudentError)) or (isinstance(exc, AssertionError)):
+                    res["outcome"] = "failed"
+                else:
+                    res["outcome"] = "error"
+                res["text"] = _short_text(report, exc)
+                self.failed_parts.add(self.by_id[item.nodeid]["part"])
+        return report
+
+
+_INFO = pytest.StashKey[dict]()
+
+
+def _relevant(exc: BaseException) -> BaseException:
+    """The exception that explains a failure (hypothesis may wrap it in an ExceptionGroup)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        inner = [e for e in exc.exceptions if isinstance(e, (CheckFailure, StudentError))]
+        exc = inner[0] if inner else exc.exceptions[0]
+    return exc
+
+
+def _short_text(report: Any, exc: BaseException | None) -> str:
+    if isinstance(exc, (CheckFailure, StudentError)):
+        return str(exc)
+    if isinstance(exc, AssertionError):
+        return f"AssertionError: {exc}".strip()
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    return f"grading error (please report it): {crash.message if crash else type(exc).__name__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def _message(res: dict, redact: bool) -> str:
+    exc = res.get("exc")
+    if isinstance(exc, CheckFailure):
+        return exc.message(redact=redact)
+    if isinstance(exc, StudentError):
+        return exc.redacted() if redact else str(exc)
+    if res["outcome"] == "error":
+        return res["text"] if not redact else "grading error (please report it)"
+    if redact:
+        return "failed (hidden test: details are not shown)"
+    return res.get("text", "")
+
+
+def _failure_dict(info: dict, test_id: str, res: dict, redact: bool) -> dict:
+    exc = res.get("exc")
+    out: dict[str, Any] = {"test": test_id, "set": info["set"], "kind": None, "what": None, "inputs": None,
+                           "max_abs_err": None, "max_rel_err": None, "index": None, "hint": None,
+                           "message": _message(res, redact)}
+    if isinstance(exc, CheckFailure):
+        out.update(exc.as_dict(redact=redact))
+    elif isinstance(exc, StudentError):
+        out.update(kind=exc.kind, what=f"calling {exc.target}")
+        if exc.function:
+            out["function"] = exc.function
+    else:
+        out["kind"] = res["outcome"]
+    return out
+
+
+def _public_id(info: dict, redact: bool, ordinal: dict) -> str:
+    """Hidden tests are named by file, function and a number: parameter ids could reveal inputs."""
+    nodeid = info["nodeid"]
+    if not redact:
+        return f"{info['set']}/{nodeid}" if not nodeid.startswith(info["set"]) else nodeid
+    base = nodeid.split("[", 1)[0]
+    n = ordinal.setdefault(base, 0)
+    ordinal[base] = n + 1
+    name = base if base.startswith(info["set"]) else f"{info['set']}/{base}"
+    return f"{name}[{n}]" if "[" in nodeid else name
+
+
+def _sha256_files(paths: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(str(p.name).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _hashes(sub_sha: str, rubric: Rubric, tests_dir: Path) -> dict:
+    code = [p for d in (tests_dir, AUTOGRADER_DIR / "scenarios", ENGINE_DIR) if d.is_dir()
+            for p in d.rglob("*") if p.is_file() and p.suffix in (".py", ".ini", ".toml") and "__pycache__" not in p.parts]
+    import hypothesis
+    import numpy
+    import torch
+
+    env = json.dumps({"python": sys.version, "platform": platform.platform(), "torch": torch.__version__,
+                      "numpy": numpy.__version__, "pytest": pytest.__version__,
+                      "hypothesis": hypothesis.__version__}, sort_keys=True)
+    course = [p for p in (REPO_ROOT / "course").rglob("*.py") if "__pycache__" not in p.parts]
+    env_h = hashlib.sha256(env.encode() + _sha256_files(course).encode()).hexdigest()
+    return {"submission": sub_sha, "tests": _sha256_files([*code, rubric.path]), "environment": env_h}
+
+
+def build_report(plugin: GradingPlugin, sub: Any, rubric: Rubric, parts: Sequence[int], test_sets: Sequence[str],
+                 redact_sets: set[str], tests_dir: Path, extra_errors: list[str]) -> dict:
+    tests: list[dict] = []
+    part_rows: list[dict] = []
+    ordinal: dict[str, int] = {}
+    errors = list(extra_errors) + plugin.errors
+    by_part: dict[int, list[dict]] = {n: [] for n in parts}
+    for info in plugin.items:
+        by_part[info["part"]].append(info)
+    for n in parts:
+        rule = rubric.part(n)
+        infos = by_part[n]
+        weights = [rule.weight(i["function"]) for i in infos]
+        total_w = sum(weights)
+        passed = failed_ni = 0
+        first: dict | None = None
+        first_hidden: dict | None = None
+        statuses = []
+        for info, w in zip(infos, weights):
+            res = plugin.results.get(info["nodeid"], {"outcome": "error", "exc": None, "text": "did not run"})
+            redact = info["set"] in redact_sets
+            test_id = _public_id(info, redact, ordinal)
+            max_score = rule.points * w / total_w if total_w else 0.0
+            ok = res["outcome"] == "passed"
+            passed += ok
+            exc = res.get("exc")
+            if isinstance(exc, StudentError) and exc.kind == "not_implemented":
+                failed_ni += 1
+            entry = {"id": test_id, "part": n, "set": info["set"], "outcome": res["outcome"],
+                     "score": round(max_score if ok else 0.0, 6), "max_score": round(max_score, 6),
+                     "message": "" if ok else _message(res, redact)}
+            out = plugin.engine.outputs.get(info["nodeid"])
+            if out is not None and out.data and not redact:
+                entry["output"] = out.data.decode("utf-8", "replace")
+            tests.append(entry)
+            statuses.append(res["outcome"])
+            if res["outcome"] == "error":
+                errors.append(f"{info['nodeid']}: {res['text']}")
+            if not ok:
+                fd = _failure_dict(info, test_id, res, redact)
+                if not redact and first is None:
+                    first = fd
+                elif redact and first_hidden is None:
+                    first_hidden = fd
+        first = first or first_hidden
+        points = sum(e["score"] for e in tests if e["part"] == n)
+        if not infos:
+            status = "error"
+            errors.append(f"part {n}: no tests collected (looked for test_part{n}_*.py in {', '.join(test_sets)})")
+        elif passed == len(infos):
+            status = "ok"
+        elif "error" in statuses:
+            status = "error"
+        elif failed_ni == len(infos):
+            status = "not_implemented"
+        else:
+            status = "failed"
+        part_rows.append({"part": n, "name": rule.name, "points": round(points, 4), "max_points": rule.points,
+                          "passed": passed, "total": len(infos), "status": status, "first_failure": first})
+    return {
+        "parts": part_rows,
+        "total": round(sum(p["points"] for p in part_rows), 4),
+        "max_total": float(sum(p["max_points"] for p in part_rows)),
+        "tests": tests,
+        "errors": errors,
+        "hashes": _hashes(sub.sha256, rubric, tests_dir),
+        "test_sets": list(test_sets),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _pytest_env():
+    saved = {k: os.environ.get(k) for k in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    os.environ.pop("PYTEST_ADDOPTS", None)
+    os.environ.pop("PYTEST_PLUGINS", None)
+    before = set(sys.modules)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _forget_test_modules(before)
+
+
+def _forget_test_modules(before: set[str]) -> None:
+    """Drop test modules that this run imported from outside the autograder package (a tests folder
+    given by path): their names are derived from the path, and the next run may bring different
+    files under the same names. autograder.tests.* stay imported, so module-level caches of
+    trusted reference values (e.g. functools.cache on a cases_partN helper) serve every run."""
+    for name in list(sys.modules):
+        if name in before or name.startswith("autograder."):
+            continue
+        path = getattr(sys.modules.get(name), "__file__", None) or ""
+        if name.startswith("conftest") or os.path.basename(path).startswith(("test_", "conftest")):
+            sys.modules.pop(name, None)
+
+
+def _grade_one(args: tuple) -> dict:
+    impl_dir, part, kwargs = args
+    return grade(impl_dir, parts=[part], **kwargs)
+
+
+def _grade_in_processes(impl_dir: Any, numbers: list[int], jobs: int, kwargs: dict, started: float) -> dict:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # the slowest parts first, so that the pool stays busy (the rubric may say which are slow)
+    rubric = load_rubric(kwargs["rubric"])
+    order = sorted(numbers, key=lambda n: -rubric.part(n).cost)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        reports = dict(zip(order, pool.map(_grade_one, [(str(impl_dir), n, kwargs) for n in order])))
+    merged = reports[numbers[0]]
+    merged = {**merged, "parts": [], "tests": [], "errors": []}
+    timing = {"wall_s": 0.0, "calls": 0, "worker_starts": 0, "worker_startup_s": [], "in_calls_s": 0.0}
+    for n in numbers:
+        r = reports[n]
+        merged["parts"] += r["parts"]
+        merged["tests"] += r["tests"]
+        merged["errors"] += [e for e in r["errors"] if e not in merged["errors"]]
+        for k in ("calls", "worker_starts", "in_calls_s"):
+            timing[k] += r["timing"][k]
+        timing["worker_startup_s"] += r["timing"]["worker_startup_s"]
+    merged["total"] = round(sum(p["points"] for p in merged["parts"]), 4)
+    merged["max_total"] = float(sum(p["max_points"] for p in merged["parts"]))
+    timing["wall_s"] = round(time.perf_counter() - started, 3)
+    timing["in_calls_s"] = round(timing["in_calls_s"], 3)
+    timing["jobs"] = jobs
+    merged["timing"] = timing
+    return merged
+
+
+def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
+          test_sets: Sequence[str] = ("public",), worker_prefix: WorkerPrefix = None,
+          rubric: str | os.PathLike | None = None, tests_dir: str | os.PathLike | None = None,
+          redact_sets: Iterable[str] = ("hidden",), limits: dict | None = None,
+          fail_fast: bool = False, jobs: int = 1) -> dict:
+    """Grade the implementation folder `impl_dir` and return the report dict (JSON-serialisable).
+
+    parts: part numbers (default: all in the rubric). test_sets: "public" and/or "hidden".
+    worker_prefix: argv prefix for worker processes (e.g. a bubblewrap command), or a callable
+    that gets the list of paths the worker must be able to read and returns that prefix.
+    redact_sets: test sets whose failures are named but not revealed (no inputs, values, output).
+    limits: overrides of engine.judge.Limits for every part (e.g. {"call_timeout_s": 5}).
+    fail_fast: after a part's first failure, skip its remaining tests (the mutation harness; the
+    points are then a lower bound).
+    jobs: grade the parts in up to `jobs` judge processes at once (parts are independent: each
+    has its own tests and reaches only its own files) and merge the reports. 1 = this process.
+    """
+    started = time.perf_counter()
+    numbers_all = sorted(set(parts)) if parts else load_rubric(rubric).numbers
+    if jobs > 1 and len(numbers_all) > 1:
+        kwargs = dict(test_sets=tuple(test_sets), worker_prefix=worker_prefix, rubric=rubric, tests_dir=tests_dir,
+                      redact_sets=tuple(redact_sets), limits=limits, fail_fast=fail_fast)
+        return _grade_in_processes(impl_dir, numbers_all, min(jobs, len(numbers_all)), kwargs, started)
+    rubric_obj = load_rubric(rubric)
+    tests_path = Path(tests_dir or DEFAULT_TESTS_DIR).resolve()
+    numbers = sorted(set(parts)) if parts else rubric_obj.numbers
+    for n in numbers:
+        rubric_obj.part(n)  # raises on an unknown part
+    bad_sets = [s for s in test_sets if s not in TEST_SETS]
+    if bad_sets:
+        raise ValueError(f"unknown test set(s) {bad_sets}; use {list(TEST_SETS)}")
+    impl = Path(impl_dir)
+    if not impl.is_dir():
+        raise FileNotFoundError(f"{impl_dir} is not a folder; pass the folder that holds the graded files")
+    errors: list[str] = []
+    files: list[str] = []
+    for s in test_sets:
+        d = tests_path / s
+        if not d.is_dir():
+            errors.append(f"the {s} tests are not in this copy ({d} is missing)")
+            continue
+        for n in numbers:
+            files += [str(p) for p in sorted(d.glob(f"test_part{n}_*.py"))]
+
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+        sub = prepare_submission(impl, rubric_obj.all_files(), Path(tmp))
+        refused = {}
+        for n in numbers:
+            rule = rubric_obj.part(n)
+            found = [v for f in rule.files if f in sub.present
+                     for v in static.violations(sub.present[f], f, numpy_allowed=rule.numpy_allowed)]
+            if found:
+                refused[n] = static.refusal(found)
+        base = Limits().updated(**rubric_obj.defaults).updated(**(limits or {}))
+        engine = Engine(sub, rubric_obj, base, worker_prefix, refused, overrides=limits or {})
+        plugin = GradingPlugin(engine, rubric_obj, numbers, tests_path, redact_sets, fail_fast)
+        try:
+            if files:
+                engine.pool.warm_up()  # torch is imported for the worker while pytest collects
+                markers = " or ".join(rubric_obj.part(n).marker for n in numbers)
+                args = [*files, "-c", str(ENGINE_DIR / "judge.ini"), "--rootdir", str(tests_path),
+                        "--confcutdir", str(tests_path), "-p", "no:cacheprovider", "-p", "no:stepwise",
+                        "-p", "no:unraisableexception", "-p", "no:threadexception", "-p", "no:faulthandler",
+                        "--import-mode=importlib", "-m", markers, "-p", "no:terminal"]
+                with _pytest_env():
+                    code = pytest.main(args, plugins=[plugin])
+                if code not in (0, 1, 5):  # 5: nothing collected (reported per part)
+                    errors.append(f"pytest stopped with exit code {int(code)}")
+        finally:
+            engine.close()
+        report = build_report(plugin, sub, rubric_obj, numbers, test_sets, set(redact_sets), tests_path, errors)
+    stats = engine.pool.stats
+    report["timing"] = {"wall_s": round(time.perf_counter() - started, 3), "calls": stats.calls,
+                        "worker_starts": stats.worker_starts,
+                        "worker_startup_s": [round(s, 3) for s in stats.startup_s],
+                        "in_calls_s": round(stats.call_s, 3)}
+    return report

@@ -1,0 +1,1 @@
+"""Assignment tests: public/ (shipped to students) and hidden/ (instructor only), run by the judge."""

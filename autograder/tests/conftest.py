@@ -1,0 +1,59 @@
+"""Assignment tests' conftest: part markers, and a stand-alone mode for test authors.
+
+Under `python -m autograder.grade` (or autograder.engine.grade) the engine's plugin provides the
+`student` fixture. For working on the tests themselves, plain pytest works too:
+
+    .venv/bin/python -m pytest autograder/tests/public -p no:cacheprovider --impl solutions -m part1
+
+which grades `--impl` (default: solutions) through the same engine and shows pytest's own output.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_TESTS_DIR = Path(__file__).resolve().parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--impl", default=None, help="implementation folder to test (stand-alone mode)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from autograder.engine.rubric import load_rubric
+    from autograder.engine.runner import GradingPlugin
+
+    rubric = load_rubric()
+    for part in rubric.parts:
+        config.addinivalue_line("markers", f"{part.marker}: tests of part {part.number} ({part.name})")
+    if any(isinstance(p, GradingPlugin) for p in config.pluginmanager.get_plugins()):
+        return  # run by the engine
+    impl = config.getoption("--impl", default=None) or "solutions"
+    config.pluginmanager.register(_standalone_plugin(config, rubric, impl), "autograder-standalone")
+
+
+def _standalone_plugin(config: pytest.Config, rubric, impl: str):
+    import tempfile
+
+    from autograder.engine import static
+    from autograder.engine.judge import Engine, Limits, prepare_submission
+    from autograder.engine.runner import GradingPlugin
+
+    tmp = Path(tempfile.mkdtemp(prefix="grade-standalone-"))
+    sub = prepare_submission(Path(impl), rubric.all_files(), tmp)
+    refused = {}
+    for part in rubric.parts:
+        found = [v for f in part.files if f in sub.present
+                 for v in static.violations(sub.present[f], f, numpy_allowed=part.numpy_allowed)]
+        if found:
+            refused[part.number] = static.refusal(found)
+    engine = Engine(sub, rubric, Limits().updated(**rubric.defaults), None, refused)
+    plugin = GradingPlugin(engine, rubric, rubric.numbers, _TESTS_DIR)
+
+    def close() -> None:
+        engine.close()
+        sub.cleanup()
+
+    config.add_cleanup(close)
+    return plugin

@@ -1,0 +1,1 @@
+"""Public assignment tests (in the student release)."""

@@ -1,0 +1,73 @@
+"""Part 1 public tests: online softmax and ⊕ (cases and checks in cases_part1.py)."""
+import pytest
+from hypothesis import given
+
+from autograder.engine.checks import judge_settings
+from autograder.tests import cases_part1 as C
+
+pytestmark = pytest.mark.part1
+
+ROWS = [
+    C.RowsCase((4, 113), "float32", seed=0),
+    C.RowsCase((2, 3, 64), "float64", seed=1),
+    C.RowsCase((5, 200), "float32", seed=2, mult=40.0),  # peaked rows
+    C.RowsCase((3, 50), "float32", seed=3, shift=1000.0),  # exp(x) overflows without the max shift
+    C.RowsCase((6, 37), "float32", seed=4, neg_inf="rows"),  # all -inf rows give zeros
+    C.RowsCase((7, 1), "float32", seed=5),
+]
+MERGES = [
+    C.MergeCase(C.RowsCase((4, 113), "float32", seed=10), split=50),
+    C.MergeCase(C.RowsCase((3, 64), "float64", seed=11, mult=40.0), split=17),
+    C.MergeCase(C.RowsCase((4, 40), "float32", seed=12), split=0),  # empty left side
+    C.MergeCase(C.RowsCase((6, 30), "float32", seed=13, neg_inf="rows"), split=12),  # both sides empty in some rows
+]
+
+
+@pytest.mark.parametrize("case", [c for c in ROWS if c.naive_ok], ids=lambda c: c.id)
+def test_naive_softmax(student, case):
+    C.check_softmax(student, "naive_softmax", case)
+
+
+@pytest.mark.parametrize("case", ROWS, ids=lambda c: c.id)
+def test_safe_softmax(student, case):
+    C.check_softmax(student, "safe_softmax", case)
+
+
+@pytest.mark.parametrize("case", ROWS, ids=lambda c: c.id)
+def test_online_summary(student, case):
+    C.check_summary(student, case)
+
+
+@pytest.mark.parametrize("case", ROWS, ids=lambda c: c.id)
+def test_online_softmax(student, case):
+    C.check_softmax(student, "online_softmax", case)
+
+
+@pytest.mark.parametrize("case", MERGES, ids=lambda c: c.id)
+def test_merge_summary(student, case):
+    C.check_merge_summary(student, case)
+
+
+@pytest.mark.parametrize("case", MERGES, ids=lambda c: c.id)
+def test_merge_partial(student, case):
+    C.check_merge_partial(student, case)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_merge_identity(student, dtype):
+    C.check_identity(student, dtype)
+
+
+@judge_settings(max_examples=15)
+@given(abc=C.summaries_strategy(size=8))
+def test_merge_commutative_associative(student, abc):
+    C.check_algebra(student, *abc)
+
+
+@pytest.mark.parametrize("which", ["naive", "safe", "online"])
+def test_pass_counts(student, which):
+    C.check_passes(student, which, n=257, seed=20)
+
+
+def test_rebase_count(student):
+    C.check_rebases(student, n=1000, seed=21)

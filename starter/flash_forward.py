@@ -1,0 +1,61 @@
+# Generated from solutions/flash_forward.py by `make starter` (python -m autograder.make_starter): edit there, not here.
+"""Part 2: the FlashAttention-2 forward pass in PyTorch (lecture §5.1, §6.2, §6.3).
+
+Tiles of B_r query rows (outer loop) meet tiles of B_c key/value rows (inner loop); each tile's
+scores S_ij = scale · Q_i K_jᵀ exist only inside one loop iteration, and the online softmax
+(§4.5) merges them into a running (m, ℓ, acc) per query row. Nothing of size Nq × Nk is ever
+built. Conventions (docs/handout/README.md): any leading dims, bottom-right causal alignment,
+lse = m + log ℓ in natural log, a fully masked row gives o = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> None:
+    """One-line errors for inputs that break the handout's shape conventions."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., N, d), got {tuple(t.shape)}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(
+            f"q, k, v must have the same leading dims, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head dim d, got {q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of keys Nk, got {k.shape[-2]} and {v.shape[-2]}")
+    if not (isinstance(block_q, int) and isinstance(block_k, int) and block_q > 0 and block_k > 0):
+        raise ValueError(f"block_q and block_k must be positive ints, got {block_q!r} and {block_k!r}")
+
+
+# §5.1 (FA2 loop order, §6.3): for each Q block (outer), start from m = -inf, ℓ = 0, acc = 0 and
+# for each K/V block (inner): S = scale·Q_i K_jᵀ; m_new = max(m, rowmax S); P̃ = exp(S - m_new);
+# ℓ = ℓ·exp(m - m_new) + rowsum P̃; acc = acc·exp(m - m_new) + P̃ V_j. Divide acc by ℓ ONCE at the
+# end, and lse = m + log ℓ.
+# §6.2 causal (bottom-right: query i sees key j iff j <= i + Nk - Nq): skip K/V blocks that lie
+# entirely above the diagonal (never load them, no matmul); mask element-wise only the blocks
+# that cross it. A row may see no key at all (Nq > Nk): guard exp(-inf - (-inf)) and ℓ = 0 so
+# it ends with o = 0, lse = -inf and no NaN.
+# Loop over tiles in Python; inside a tile, use torch matmuls over all leading dims at once.
+def flash_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_q: int = 64,
+    block_k: int = 64,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiled exact attention with the online softmax.
+
+    q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv); block_q = B_r, block_k = B_c.
+    Returns o: (..., Nq, dv) and lse: (..., Nq), both in q's dtype, where
+    lse_i = log Σ_j exp(scale · q_i·k_j) over the keys row i may attend."""
+    _check_inputs(q, k, v, block_q, block_k)
+    raise NotImplementedError

@@ -1,0 +1,352 @@
+"""Engine self-tests: student code runs in a worker, and hostile code costs only its own test.
+
+A tiny two-part "probe" assignment (rubric + judge tests) and submissions are written to a temp
+folder, then graded through autograder.engine.grade exactly as the real assignment is. Hostile
+submissions are built there from strings: a conftest.py under tests/ would be loaded by this very
+test run.
+"""
+from __future__ import annotations
+
+import ast
+import pickle
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autograder.engine import grade
+
+RUBRIC = """
+[limits]
+call_timeout_s = 2
+max_losses = 99
+memory_mb = 3072
+
+[[part]]
+number = 1
+name = "Probe"
+points = 10
+marker = "part1"
+files = ["probe.py"]
+numpy_allowed = true
+
+[[part]]
+number = 2
+name = "Other"
+points = 10
+marker = "part2"
+files = ["other.py"]
+"""
+
+PUBLIC_TESTS = '''
+import pytest, torch
+from autograder.engine import check_close, check
+pytestmark = pytest.mark.part1
+
+HOSTILE = ["exit_", "osexit", "loop", "bigalloc", "segv", "flood", "fdwrite", "eq", "subfloat", "subtuple",
+           "subtensor", "ok", "raise_", "numpy_file", "ok"]
+
+@pytest.mark.parametrize("fn", HOSTILE)
+def test_call(student, fn):
+    out = student.call(f"probe.{fn}")
+    check(out == 1.5 or (fn == "numpy_file" and "site-packages" in out), what=f"probe.{fn}() returns 1.5",
+          detail=f"got {out!r}")
+
+def test_add(student):
+    x = torch.arange(6.0).reshape(2, 3)
+    check_close(student.call("probe.add", x, 1.0), x.double() + 1, what="add(x, 1)", inputs={"x": x},
+                hint="add one")
+'''
+
+PART2_TESTS = '''
+import pytest
+from autograder.engine import check
+pytestmark = pytest.mark.part2
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_other(student, n):
+    check(student.call("other.double", n) == 2 * n, what="double(n)")
+'''
+
+HIDDEN_TESTS = '''
+import pytest, torch
+from autograder.engine import check_close
+pytestmark = pytest.mark.part1
+
+@pytest.mark.parametrize("secret", [41, 43], ids=["secret41", "secret43"])
+def test_hidden_add(student, secret):
+    x = torch.full((3,), float(secret))
+    check_close(student.call("probe.add", x, 1.0), x.double() + 2, what="add(x, 1) on a hidden input",
+                inputs={"x": x}, hint="add one")
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_hidden_leak(student, how):
+    student.call("probe.leak", torch.full((2,), 41.0), how)
+'''
+
+HOSTILE_PROBE = '''
+import os, sys, torch
+
+def exit_():
+    sys.exit(3)
+
+def osexit():
+    os._exit(7)
+
+def loop():
+    while True:
+        pass
+
+def bigalloc():
+    x = torch.empty(10 * 2**30, dtype=torch.uint8)
+    x.fill_(1)
+    return 1.5
+
+def segv():
+    c = __import__("c" + "types")  # dodges the static check on purpose: the worker must survive it
+    c.string_at(0)
+
+def flood():
+    for _ in range(50):
+        print("x" * (1 << 20))
+    return 1.5
+
+def fdwrite():
+    os.write(1, b"garbage on fd 1 must not reach the protocol\\n")
+    os.write(2, b"and fd 2 neither\\n")
+    return 1.5
+
+class Eq:
+    def __eq__(self, other):
+        return True
+
+def eq():
+    return Eq()
+
+class F(float):
+    def __eq__(self, other):
+        return True
+
+def subfloat():
+    return F(2.0)
+
+class T(tuple):
+    def __eq__(self, other):
+        return True
+
+def subtuple():
+    return T((1,))
+
+class Liar(torch.Tensor):
+    def __eq__(self, other):
+        return True
+
+def subtensor():
+    return torch.zeros(3).as_subclass(Liar)
+
+def ok():
+    print("hello from ok")
+    return 1.5
+
+def raise_():
+    raise ValueError("bad thing\\nsecond line")
+
+def numpy_file():
+    import numpy
+    return numpy.__file__
+
+def add(x, c):
+    print("secret input", x.tolist())
+    return x + c
+'''
+
+# the same names, all well-behaved: for tests about something else than hostile calls
+BENIGN_PROBE = "\n".join(f"def {n}():\n    return 1.5\n" for n in (
+    "exit_", "osexit", "loop", "bigalloc", "segv", "flood", "fdwrite", "eq", "subfloat", "subtuple", "subtensor",
+    "ok", "raise_")) + '''
+def numpy_file():
+    import numpy
+    return numpy.__file__
+
+def add(x, c):
+    print("secret input", x.tolist())
+    return x + c
+
+def leak(x, how):
+    import sys
+    if how == "exit":
+        sys.exit(f"the input was {x.tolist()}")
+    raise ValueError(f"the input was {x.tolist()}")
+'''
+
+OTHER_OK = '''
+def double(n):
+    return 2 * n
+'''
+
+
+def write(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(textwrap.dedent(text))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("probe")
+    write(root, {"rubric.toml": RUBRIC})
+    write(root / "tests" / "public", {"test_part1_probe.py": PUBLIC_TESTS, "test_part2_other.py": PART2_TESTS})
+    write(root / "tests" / "hidden", {"test_part1_probe_hidden.py": HIDDEN_TESTS})
+    return {"root": root, "rubric": root / "rubric.toml", "tests": root / "tests"}
+
+
+def run(probe: dict, sub: Path, **kw) -> dict:
+    return grade(sub, rubric=probe["rubric"], tests_dir=probe["tests"], **kw)
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    return {t["id"].split("::", 1)[1]: t for t in report["tests"]}
+
+
+@pytest.fixture(scope="module")
+def hostile_report(probe, tmp_path_factory) -> dict:
+    sub = write(tmp_path_factory.mktemp("hostile"), {"probe.py": HOSTILE_PROBE, "other.py": OTHER_OK})
+    return run(probe, sub)
+
+
+EXPECTED = {
+    "test_call[exit_]": "exit_ called sys.exit(3)",
+    "test_call[osexit]": "worker exited with status 7 during probe.osexit",
+    "test_call[loop]": "timed out after 2 s in probe.loop",
+    "test_call[bigalloc]": "ran out of memory while allocating 10.0 GiB",
+    "test_call[segv]": "worker crashed (signal 11, SIGSEGV) during probe.segv",
+    "test_call[flood]": "printed more than 4 MB of output during probe.flood",
+    "test_call[eq]": "not plain data",
+    "test_call[subfloat]": "not plain data",
+    "test_call[subtuple]": "not plain data",
+    "test_call[subtensor]": "not plain data",
+    "test_call[raise_]": "raise_ raised ValueError: bad thing (probe.py:",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_hostile_call_fails_with_a_one_line_reason(hostile_report, name):
+    t = by_name(hostile_report)[name]
+    assert t["outcome"] == "failed" and t["score"] == 0
+    assert EXPECTED[name] in t["message"], t["message"]
+    assert "\n" not in t["message"]
+
+
+def test_hostile_calls_cost_only_their_own_test(hostile_report):
+    tests = by_name(hostile_report)
+    # the worker was replaced after each loss: every honest call after them still passes
+    for name in ("test_call[ok0]", "test_call[ok1]", "test_call[fdwrite]", "test_add", "test_other[1]",
+                 "test_other[2]", "test_call[numpy_file]"):
+        assert tests[name]["outcome"] == "passed", (name, tests[name]["message"])
+    assert hostile_report["errors"] == []
+    assert hostile_report["timing"]["worker_starts"] >= 5  # osexit, loop, segv, flood each cost one worker
+
+
+def test_output_is_captured_per_test_and_capped(hostile_report):
+    tests = by_name(hostile_report)
+    assert tests["test_call[ok0]"]["output"] == "hello from ok\n"
+    assert "garbage on fd 1" in tests["test_call[fdwrite]"]["output"]  # fd-level writes land in the output
+    assert len(tests["test_call[flood]"]["output"]) == 10_000  # rubric's output_keep_bytes
+
+
+def test_submission_extras_are_ignored(probe, tmp_path):
+    """conftest.py forcing passes, pytest.ini, sitecustomize.py, numpy.py, an __init__.py that exits:
+    none of it is copied, imported or read, so the wrong answer still fails and numpy is the real one."""
+    wrong = BENIGN_PROBE.replace("return x + c", "return x + c + 1")
+    sub = write(tmp_path / "sub", {
+        "probe.py": wrong, "other.py": OTHER_OK,
+        "conftest.py": """
+            import pytest
+            @pytest.hookimpl(hookwrapper=True)
+            def pytest_runtest_makereport(item, call):
+                out = yield
+                out.get_result().outcome = "passed"
+        """,
+        "pytest.ini": "[pytest]\naddopts = -p no:python\n",
+        "sitecustomize.py": "import os; os._exit(9)\n",
+        "usercustomize.py": "import os; os._exit(9)\n",
+        "numpy.py": "import os; os._exit(9)\n",
+        "__init__.py": "import os; os._exit(9)\n",
+    })
+    report = run(probe, sub, parts=[1])
+    tests = by_name(report)
+    assert tests["test_add"]["outcome"] == "failed"
+    assert "add(x, 1)" in tests["test_add"]["message"] and "max abs error 1" in tests["test_add"]["message"]
+    assert tests["test_call[numpy_file]"]["outcome"] == "passed"
+    assert tests["test_call[ok0]"]["outcome"] == "passed"
+
+
+def test_exit_at_import_costs_only_that_part(probe, tmp_path):
+    sub = write(tmp_path / "sub", {"probe.py": BENIGN_PROBE, "other.py": "import os\nos._exit(5)\n"})
+    report = run(probe, sub)
+    parts = {p["part"]: p for p in report["parts"]}
+    assert parts[2]["points"] == 0 and "worker exited with status 5" in parts[2]["first_failure"]["message"]
+    assert by_name(report)["test_add"]["outcome"] == "passed"
+
+
+def test_syntax_error_and_missing_file_are_one_line(probe, tmp_path):
+    sub = write(tmp_path / "sub", {"probe.py": "def add(x, c)\n    return x\n"})
+    report = run(probe, sub)
+    tests = by_name(report)
+    assert "importing probe.py failed: SyntaxError" in tests["test_add"]["message"]
+    assert "(probe.py, line 1)" in tests["test_add"]["message"]  # no temp paths
+    assert tests["test_other[1]"]["message"] == "other.py is missing from the submission"
+
+
+def test_hidden_failures_are_named_but_not_revealed(probe, tmp_path):
+    wrong = BENIGN_PROBE.replace("return x + c", "return x + c + 7")
+    sub = write(tmp_path / "sub", {"probe.py": wrong, "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[1], test_sets=("public", "hidden"))
+    hidden = [t for t in report["tests"] if t["set"] == "hidden"]
+    assert [t["id"] for t in hidden] == ["hidden/test_part1_probe_hidden.py::test_hidden_add[0]",
+                                         "hidden/test_part1_probe_hidden.py::test_hidden_add[1]",
+                                         "hidden/test_part1_probe_hidden.py::test_hidden_leak[0]",
+                                         "hidden/test_part1_probe_hidden.py::test_hidden_leak[1]"]
+    assert hidden[2]["message"].startswith("leak raised ValueError (probe.py:")  # not its message
+    assert hidden[3]["message"].startswith("leak called sys.exit() (probe.py:")
+    text = repr(hidden)
+    for secret in ("41", "43", "secret", "(3,)"):
+        assert secret not in text, secret
+    assert all("output" not in t for t in hidden)  # the student printed the input
+    assert "hint: add one" in hidden[0]["message"]
+    # unredacted for the instructor
+    full = run(probe, sub, parts=[1], test_sets=("hidden",), redact_sets=())
+    assert "secret41" in full["tests"][0]["id"] and "max abs error" in full["tests"][0]["message"]
+    assert "the input was [41.0, 41.0]" in full["tests"][2]["message"]
+
+
+def test_judge_never_unpickles(probe, tmp_path, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the judge unpickled something")
+
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    sub = write(tmp_path / "sub", {"probe.py": BENIGN_PROBE, "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[1])
+    assert by_name(report)["test_add"]["outcome"] == "passed"
+    engine = Path(__file__).resolve().parent.parent / "autograder" / "engine"
+    for path in engine.glob("*.py"):  # no deserialiser that can run code is even imported
+        tree = ast.parse(path.read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in (n.names if isinstance(n, ast.Import) else [ast.alias(n.module or "")])}
+        assert not imported & {"pickle", "marshal", "dill", "cloudpickle", "shelve"}, path.name
+
+
+def test_worker_prefix_is_used(probe, tmp_path):
+    seen = []
+
+    def prefix(paths: list[str]) -> list[str]:
+        seen.append(paths)
+        return ["env"]  # a real sandbox (bubblewrap) would bind these paths read-only
+
+    sub = write(tmp_path / "sub", {"probe.py": BENIGN_PROBE, "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[2], worker_prefix=prefix)
+    assert report["total"] == 10
+    assert seen and any(p.endswith("course") for p in seen[0])

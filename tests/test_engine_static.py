@@ -1,0 +1,84 @@
+"""Engine self-tests: static source rules, the rubric, and the dependency analysis."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autograder.engine import deps, static
+from autograder.engine.rubric import RubricError, load_rubric
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("import numpy as np\n", "imports numpy"),
+    ("from numpy import exp\n", "imports numpy"),
+    ("x = t.numpy()\n", "uses numpy"),
+    ("y = torch.from_numpy(a)\n", "uses numpy"),
+    ("m = __import__('numpy')\n", "imports numpy"),
+    ("o = torch.nn.functional.scaled_dot_product_attention(q, k, v)\n", "scaled_dot_product_attention"),
+    ("from torch.nn.functional import scaled_dot_product_attention\n", "scaled_dot_product_attention"),
+    ("f = getattr(F, 'scaled_dot_product_attention')\n", "scaled_dot_product_attention"),
+    ("from torch.utils._python_dispatch import TorchDispatchMode\n", "dispatch"),
+    ("import sys\nsys.modules['torch'] = None\n", "sys.modules"),
+    ("import builtins\n", "builtins"),
+    ("__builtins__['len'] = 1\n", "__builtins__"),
+    ("torch.allclose = lambda *a: True\n", "monkeypatching"),
+    ("setattr(torch, 'allclose', f)\n", "monkeypatching"),
+    ("import autograder.engine\n", "imports the grader"),
+    ("import ctypes\n", "ctypes"),
+])
+def test_violations_are_found_with_their_line(source, expected):
+    found = static.violations("import torch\n" + source, "f.py", numpy_allowed=False)
+    assert found and expected in found[0] and found[0].startswith("f.py:")
+    assert static.refusal(found).startswith("refused: f.py:")
+
+
+def test_numpy_allowed_where_the_rubric_says_so():
+    assert static.violations("import numpy as np\nx = np.zeros(3)\n", "k.py", numpy_allowed=True) == []
+
+
+def test_no_false_positives_on_the_solutions_and_the_starter():
+    rubric = load_rubric()
+    for folder in ("solutions", "starter"):
+        for part in rubric.parts:
+            for f in part.files:
+                path = REPO / folder / f
+                if path.exists():
+                    assert static.violations(path.read_text(), f, numpy_allowed=part.numpy_allowed) == [], (folder, f)
+
+
+def test_rubric_is_the_assignment():
+    rubric = load_rubric()
+    assert [(p.number, p.points, p.marker) for p in rubric.parts] == [
+        (1, 15, "part1"), (2, 20, "part2"), (3, 15, "part3"), (4, 20, "part4"), (5, 15, "part5"), (6, 15, "part6")]
+    assert rubric.max_total == 100
+    assert rubric.all_files() == sorted(["online_softmax.py", "flash_forward.py", "flash_kernel.py",
+                                         "flash_backward.py", "kv_cache.py", "flash_decoding.py"])
+    for part in rubric.parts:  # every weight names a test function that exists
+        sources = "".join(p.read_text() for p in (REPO / "autograder" / "tests").rglob(f"test_part{part.number}_*.py"))
+        for name in part.weights:
+            assert f"def {name}(" in sources, (part.number, name)
+
+
+def test_bad_rubrics_are_refused(tmp_path):
+    for text in ("", "[[part]]\nnumber = 1\n", '[[part]]\nnumber=1\nname="a"\npoints=1\nfiles=["../x.py"]\n',
+                 '[[part]]\nnumber=1\nname="a"\npoints=1\nfiles=["a.py"]\n[[part]]\nnumber=1\nname="b"\npoints=1\nfiles=["b.py"]\n'):
+        path = tmp_path / "r.toml"
+        path.write_text(text)
+        with pytest.raises(RubricError):
+            load_rubric(path)
+
+
+def test_reach_follows_relative_imports():
+    rubric = load_rubric()
+    sources = {
+        "flash_forward.py": "import torch\n",
+        "flash_backward.py": "from .flash_forward import flash_forward\n",
+        "flash_decoding.py": "from . import online_softmax\n",
+        "online_softmax.py": "",
+    }
+    assert deps.reach(rubric, 4, sources) == {"flash_backward.py", "flash_forward.py"}
+    assert deps.parts_reaching(rubric, {"flash_forward.py"}, sources) == [2, 4]
+    assert deps.parts_reaching(rubric, {"online_softmax.py"}, sources) == [1, 6]
