@@ -11,6 +11,8 @@ export PYTHONHASHSEED := 0
 
 IMPL        ?= starter
 PART        ?=
+TESTS       ?= public
+JOBS        ?=
 SUBMISSIONS ?= submissions
 OUT         ?= build/autograde
 RELEASE_DIR ?= build/student-release
@@ -18,7 +20,7 @@ RELEASE_DIR ?= build/student-release
 .PHONY: help venv grade test demos bench autograde gradescope release starter checkpoint lock clean
 
 help:
-	@echo "make grade [IMPL=starter|solutions|DIR] [PART=1..6]  grade an implementation"
+	@echo "make grade [IMPL=starter|solutions|DIR] [PART=1..6] [TESTS=public|hidden|all]  grade an implementation"
 	@echo "make test                                  the project's test suite"
 	@echo "make demos                                 run the five lecture programs"
 	@echo "make bench                                 benchmarks (ratios measured side by side)"
@@ -37,7 +39,7 @@ $(STAMP): requirements.txt requirements.lock
 	touch $(STAMP)
 
 grade: $(STAMP)
-	$(PY) -m autograder.grade --impl $(IMPL) $(if $(PART),--part $(PART))
+	$(PY) -m autograder.grade --impl $(IMPL) --tests $(TESTS) $(if $(PART),--part $(PART)) $(if $(JOBS),--jobs $(JOBS))
 
 test: $(STAMP)
 	$(PY) -m pytest tests

@@ -1,0 +1,349 @@
+"""Part 5 (kv_cache): cases and checks shared by the public and the hidden tests.
+
+The trusted side is the course model WITHOUT a cache (course.tiny_transformer, committed
+checkpoint): logits of the whole sequence in one call, positions 0..T-1. The student's cache runs
+in the worker (autograder/scenarios/part5.py) and returns plain tensors/lists.
+
+Which inputs expose which bug (measured on the course's testing notes and on this model):
+- the layer-0 cache-length regression (§8.2: positions read from cache.length inside the layer
+  loop, after layer 0 has appended) leaves prefill logits exact (RoPE is relative within one
+  call) and shifts later steps only slightly (~1e-2 on logits), and does nothing with a 1-token
+  prompt or a 1-layer model. So: the 2-layer model, prompts of >= 2 tokens, logits compared at
+  EVERY step at a tight tolerance, not just greedy tokens;
+- a top-left mask while a cache is in use shows on decode steps and multi-token chunks.
+When a logits check fails, the judge recomputes the known buggy variants with its own small
+reference cache (below) and names the bug the student's logits match.
+
+Tolerance (float32): the student's cached logits against the float64 uncached model may be off by
+at most FACTOR × the error of the float32 UNCACHED model + ATOL32. A cache changes the order of
+float32 operations (attention over k_all instead of a masked full S, per-chunk matmuls), so its
+rounding error is a few times the plain model's; the measured figures are next to the constants.
+float64 runs use ATOL64 against the float64 uncached model.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from autograder.engine.checks import CheckFailure, check, check_close
+from course import likesworld
+from course.tiny_transformer import TinyTransformer, greedy_generate, load_checkpoint, rope
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+# Measured on the committed checkpoint (logits up to ~30 in size), 150 cases (30 seeds × 5 chunk
+# patterns): the float32 uncached model is off the float64 one by ~7e-6; a correct float32 cache
+# by up to 3.5e-5, i.e. up to 4× the plain error (the cache's matmuls have other shapes, so other
+# summation orders). The layer-0 regression is off by >= 4.1e-2 on every one of those cases, the
+# top-left mask by >= 14. Bound: 10 × plain + 1e-4 (~1.7e-4): 5× above the worst correct cache,
+# 240× below the smallest bug.
+FACTOR = 10.0
+ATOL32 = 1e-4
+ATOL64 = 1e-10      # float64: reordering ~100 additions of O(10) values moves ~1e-13
+
+HINT_LAYER0 = ("layer-0 cache-length regression (§8.2): the new tokens' positions were read from cache.length "
+               "inside the layer loop, after layer 0 had already appended them, so layers >= 1 used positions "
+               "shifted by T; compute positions = arange(cache.length, cache.length + T) ONCE per call, "
+               "before the loop")
+HINT_TOPLEFT = ("top-left causal mask while a cache is in use: the T new queries are the LAST T positions of "
+                "the cached keys, so query i may see key j iff j <= i + (Tk - T) (bottom-right, handout "
+                "conventions); give each block's attention the whole filled cache and causal=True")
+HINT_CACHE = ("with a cache, the logits must equal recomputing the whole sequence at every step (§8.2): "
+              "append each layer's new k, v (after RoPE) to THAT layer's cache, attend to the whole filled "
+              "prefix, and give the new tokens positions cache.length .. cache.length + T - 1")
+HINT_LENGTH = "cache.length is the number of tokens cached so far by layer 0 (it grows by T per forward call)"
+HINT_GENERATE = ("generate must be greedy: prefill the prompt once, then feed back one token per step; with "
+                 "use_cache=False recompute the whole sequence each step; both must give the same tokens")
+HINT_UPDATE = ("update(layer, k_new, v_new) writes the new (B, H, T, d) keys/values after that layer's "
+               "previous ones and returns the filled prefix (B, H, length + T, d)")
+HINT_VIEWS = ("update must return views (slices) of the preallocated (…, max_len, d) buffers, not fresh "
+              "tensors: allocate once in __init__, never torch.cat")
+HINT_ERRORS = "raise ValueError with a one-line message that says what is wrong and what to do"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trusted side: the course model, and a small reference cache that can reproduce the known bugs
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """The judge's own model runs use tiny tensors: extra OpenMP threads only wait (for seconds on a
+    busy machine), so run them on one thread and restore the setting afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@lru_cache(maxsize=None)
+def model(dtype: str = "float32") -> TinyTransformer:
+    return load_checkpoint().to(DTYPES[dtype]).requires_grad_(False)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, top_left: bool) -> torch.Tensor:
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    S = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+    i, j = torch.arange(Tq).unsqueeze(1), torch.arange(Tk).unsqueeze(0)
+    visible = j <= i if top_left else j <= i + (Tk - Tq)
+    return torch.softmax(S.masked_fill(~visible, float("-inf")), -1) @ v
+
+
+@torch.no_grad()
+def reference_cached_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int],
+                            bug: str | None = None) -> list[torch.Tensor]:
+    """Logits per chunk with a simple list-of-tensors cache. bug=None is correct; "layer0_length"
+    shifts layers >= 1's positions by T (the §8.2 regression); "top_left" aligns the mask top-left."""
+    cfg = m.config
+    ks: list[torch.Tensor | None] = [None] * cfg.n_layers
+    vs: list[torch.Tensor | None] = [None] * cfg.n_layers
+    out, start = [], 0
+    for c in chunks:
+        x = m.tok_emb(tokens[:, start:start + c])
+        B, T = x.shape[:2]
+        for i, blk in enumerate(m.blocks):
+            shift = T if (bug == "layer0_length" and i > 0) else 0
+            pos = torch.arange(start + shift, start + shift + T)
+            h = blk.attn_norm(x)
+            a = blk.attn
+            q, k, v = (w(h).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2) for w in (a.wq, a.wk, a.wv))
+            q, k = rope(q, pos, cfg.rope_base), rope(k, pos, cfg.rope_base)
+            ks[i] = k if ks[i] is None else torch.cat([ks[i], k], 2)
+            vs[i] = v if vs[i] is None else torch.cat([vs[i], v], 2)
+            o = _attend(q, ks[i], vs[i], top_left=bug == "top_left")
+            x = x + a.wo(o.transpose(1, 2).reshape(B, T, -1))
+            x = x + blk.ffn(blk.ffn_norm(x))
+        out.append(m.lm_head(m.norm(x)))
+        start += c
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cases
+
+
+def example_tokens(seed: int, batch: int = 1, min_len: int = 0) -> torch.Tensor:
+    """(batch, T) token ids of test-split LikesWorld examples (seed `seed`): the first `batch`
+    examples that have the length of the first example at least min_len tokens long."""
+    exs = [e.tokens for e in likesworld.examples("test", 400, seed=seed)]
+    for first in exs:
+        if len(first) >= min_len:
+            same = [t for t in exs if len(t) == len(first)][:batch]
+            if len(same) == batch:
+                return torch.tensor(same, dtype=torch.long)
+    raise ValueError(f"test bug: no {batch} examples of length >= {min_len} for seed {seed}")
+
+
+@dataclass(frozen=True)
+class CacheCase:
+    """Feed `batch` LikesWorld sequences (from `seed`) in chunks: chunks[0] is the prefill; the
+    rest of the sequence follows in the given sizes (the last size repeats to the end)."""
+    chunks: tuple[int, ...] = (5, 1)
+    batch: int = 1
+    seed: int = 100
+    dtype: str = "float32"
+    extra_len: int = 0          # cache max_len beyond what is needed
+
+    @property
+    def id(self) -> str:
+        c = "-".join(map(str, self.chunks))
+        return f"b{self.batch}-chunks{c}-{self.dtype}-s{self.seed}" + (f"-slack{self.extra_len}" if self.extra_len else "")
+
+    def plan(self) -> tuple[torch.Tensor, list[int]]:
+        tokens = example_tokens(self.seed, self.batch, min_len=sum(self.chunks) + 2)
+        T, sizes = tokens.shape[1], []
+        for c in self.chunks:
+            if sum(sizes) + c > T:
+                break
+            sizes.append(c)
+        while sum(sizes) < T:
+            sizes.append(min(self.chunks[-1], T - sum(sizes)))
+        return tokens, sizes
+
+
+def _diagnose(m: TinyTransformer, tokens: torch.Tensor, sizes: list[int], got: list[Any], bound: float) -> str | None:
+    """The hint of the known bug whose logits the student's match (within `bound`), if any."""
+    for bug, hint in (("layer0_length", HINT_LAYER0), ("top_left", HINT_TOPLEFT)):
+        want = reference_cached_logits(m, tokens, sizes, bug=bug)
+        if all(isinstance(g, torch.Tensor) and g.shape == w.shape and
+               float((g.double() - w.double()).abs().max()) <= bound for g, w in zip(got, want, strict=True)):
+            return hint
+    return None
+
+
+@torch.no_grad()
+def check_cached_logits(student, case: CacheCase) -> None:
+    """Cached logits at EVERY chunk equal the uncached model's (float64 reference, plain float32)."""
+    tokens, sizes = case.plan()
+    total = sum(sizes)
+    res = student.scenario("part5.cached_logits", tokens=tokens, chunks=sizes, dtype=case.dtype,
+                           max_len=total + case.extra_len)
+    check(isinstance(res, dict) and isinstance(res.get("logits"), list) and len(res["logits"]) == len(sizes),
+          what="forward_with_cache returns logits (B, T, V) for each call",
+          detail=f"expected {len(sizes)} results", hint=HINT_CACHE)
+    got, lengths = res["logits"], res["lengths"]
+    with one_thread():
+        expected = model("float64")(tokens)                 # trusted: one uncached call, positions 0..T-1
+        plain = model(case.dtype)(tokens)
+    atol = ATOL64 if case.dtype == "float64" else ATOL32
+    factor = FACTOR if case.dtype == "float32" else 0.0
+    err_plain = float((plain.double() - expected).abs().max())
+    bound = factor * err_plain + atol
+    start = 0
+    for j, (c, g) in enumerate(zip(sizes, got)):
+        what = (f"logits of call {j} (tokens {start}..{start + c - 1}, "
+                f"{'prefill' if j == 0 else 'decode step' if c == 1 else 'chunk'}) with the cache "
+                f"vs recomputing the whole sequence")
+        inputs = {"tokens": tokens, "chunks": sizes, "dtype": case.dtype}
+        try:
+            check_close(g, expected[:, start:start + c], what=what, inputs=inputs, plain=plain[:, start:start + c],
+                        factor=factor, atol=atol, dtype=DTYPES[case.dtype], hint=HINT_CACHE)
+        except CheckFailure as failure:
+            if failure.kind in ("type", "dtype", "shape"):
+                raise
+            with one_thread():
+                failure.hint = _diagnose(model(case.dtype), tokens, sizes, got, bound) or HINT_CACHE
+            failure.args = (failure.message(),)
+            raise failure
+        start += c
+    want_lengths = [sum(sizes[: j + 1]) for j in range(len(sizes))]
+    check(lengths == want_lengths, what="cache.length after each forward_with_cache call",
+          detail=f"expected {want_lengths}, got {lengths}", hint=HINT_LENGTH)
+
+
+@lru_cache(maxsize=None)
+def expected_generations(seed: int, n: int, max_new_tokens: int) -> tuple[tuple[int, ...], ...]:
+    """Greedy continuations of the uncached course model, one prompt at a time (batch 1, as the
+    scenario runs the student's)."""
+    prompts = likesworld.make_prompts(n, seed)
+    with one_thread():
+        return tuple(tuple(greedy_generate(model("float32"), torch.tensor([p]), max_new_tokens)[0].tolist())
+                     for p in prompts)
+
+
+def check_generate(student, seed: int, n: int = 60, max_new_tokens: int = 8, use_cache: bool = True) -> None:
+    """The student's greedy generate() gives the same tokens as the uncached course model on n prompts."""
+    prompts = likesworld.make_prompts(n, seed)
+    got = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, use_cache=use_cache)
+    want = expected_generations(seed, n, max_new_tokens)
+    what = f"generate(use_cache={use_cache}) on {n} LikesWorld prompts, {max_new_tokens} new tokens each"
+    check(isinstance(got, list) and len(got) == n, what=what,
+          detail=f"expected a (B, T0 + {max_new_tokens}) long tensor per prompt", hint=HINT_GENERATE)
+    bad = [i for i, (g, w) in enumerate(zip(got, want)) if list(g) != list(w)]
+    if bad:
+        i = bad[0]
+        detail = (f"{n - len(bad)}/{n} identical; prompt {i}: {likesworld.decode(prompts[i])!r} -> expected "
+                  f"{likesworld.decode(want[i][len(prompts[i]):])!r}, got {_words(got[i][len(prompts[i]):])!r}")
+        check(False, what=what, detail=detail,
+              hint=HINT_GENERATE + ("; the cached logits tests say where the cache goes wrong" if use_cache else ""))
+
+
+def _words(ids: Any) -> str:
+    try:
+        return likesworld.decode(ids)
+    except (ValueError, TypeError):
+        return repr(ids)
+
+
+def check_generate_batched(student, seed: int, batch: int, max_new_tokens: int = 8) -> None:
+    """generate() on a (B, T0) batch of same-length prompts equals the uncached model row by row."""
+    tokens = example_tokens(seed, batch, min_len=12)[:, :12]
+    prompts = tokens.tolist()
+    got = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, batched=True)
+    with one_thread():
+        want = greedy_generate(model("float32"), tokens, max_new_tokens).tolist()
+    check(got == want, what=f"generate on a batch of {batch} prompts of 12 tokens, {max_new_tokens} new tokens",
+          detail=f"expected {want}, got {got}" if isinstance(got, list) and len(str(got)) < 400 else "",
+          hint=HINT_GENERATE)
+
+
+# ---------------------------------------------------------------------------------------------------
+# KVCache unit behaviour
+
+
+@dataclass(frozen=True)
+class UnitCase:
+    n_layers: int = 2
+    batch: int = 2
+    n_heads: int = 3
+    max_len: int = 8
+    head_dim: int = 4
+    steps: tuple[int, ...] = (3, 2, 1)     # tokens appended per round (each round: every layer in order)
+    dtype: str = "float32"
+    seed: int = 0
+
+    @property
+    def id(self) -> str:
+        return (f"L{self.n_layers}-B{self.batch}-H{self.n_heads}-max{self.max_len}-d{self.head_dim}-"
+                f"steps{'-'.join(map(str, self.steps))}-{self.dtype}")
+
+    def dims(self) -> dict[str, int]:
+        return dict(n_layers=self.n_layers, batch=self.batch, n_heads=self.n_heads, max_len=self.max_len,
+                    head_dim=self.head_dim)
+
+    def updates(self) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(self.seed)
+        shape = lambda t: (self.batch, self.n_heads, t, self.head_dim)
+        return [(layer, torch.randn(shape(t), generator=g, dtype=DTYPES[self.dtype]),
+                 torch.randn(shape(t), generator=g, dtype=DTYPES[self.dtype]))
+                for t in self.steps for layer in range(self.n_layers)]
+
+
+def check_cache_unit(student, case: UnitCase) -> None:
+    """update() returns the concatenation so far (exactly: it is a copy of data), length follows
+    layer 0, and the returned tensors live in one preallocated buffer per layer."""
+    updates = case.updates()
+    res = student.scenario("part5.cache_updates", **case.dims(), updates=updates, dtype=case.dtype)
+    seen: dict[int, tuple[list, list]] = {}
+    layer0 = 0
+    inputs = {**case.dims(), "steps": case.steps}
+    for n, ((layer, k, v), (k_all, v_all)) in enumerate(zip(updates, res["results"], strict=True)):
+        ks, vs = seen.setdefault(layer, ([], []))
+        ks.append(k)
+        vs.append(v)
+        if layer == 0:
+            layer0 += k.shape[2]
+        for name, got, parts in (("k_all", k_all, ks), ("v_all", v_all, vs)):
+            want = torch.cat(parts, dim=2)
+            check_close(got, want, what=f"{name} returned by update #{n} (layer {layer})", inputs=inputs,
+                        atol=0.0, rtol=0.0, dtype=DTYPES[case.dtype], hint=HINT_UPDATE)   # a copy: exact
+        check(res["lengths"][n] == layer0, what=f"cache.length after update #{n} (layer {layer})",
+              detail=f"expected {layer0} (tokens in layer 0), got {res['lengths'][n]}", hint=HINT_LENGTH)
+    itemsize = torch.empty((), dtype=DTYPES[case.dtype]).element_size()
+    need = case.batch * case.n_heads * case.max_len * case.head_dim * itemsize
+    for n, (same, size) in enumerate(zip(res["same_storage"], res["storage_bytes"])):
+        check(all(same) and all(s >= need for s in size),
+              what=f"update #{n} returns views of a preallocated buffer",
+              detail=f"same storage as the layer's first result: {same}; storage bytes {size}, a "
+                     f"(B, H, max_len, d) buffer has {need}", hint=HINT_VIEWS)
+
+
+def bad_updates(case: UnitCase, prefill: int) -> dict[str, tuple[int, torch.Tensor, torch.Tensor]]:
+    B, H, d = case.batch, case.n_heads, case.head_dim
+    z = torch.zeros
+    return {
+        "overflow": (0, z(B, H, case.max_len - prefill + 1, d), z(B, H, case.max_len - prefill + 1, d)),
+        "overflow_layer1": (1, z(B, H, case.max_len - prefill + 1, d), z(B, H, case.max_len - prefill + 1, d)),
+        "wrong_head_dim": (0, z(B, H, 1, d + 1), z(B, H, 1, d + 1)),
+        "wrong_heads": (1, z(B, H + 1, 1, d), z(B, H + 1, 1, d)),
+        "k_v_mismatch": (0, z(B, H, 2, d), z(B, H, 1, d)),
+    }
+
+
+def check_cache_errors(student, case: UnitCase, prefill: int, names: tuple[str, ...]) -> None:
+    """Overflowing max_len and wrong shapes raise ValueError with a one-line message."""
+    bad = {k: v for k, v in bad_updates(case, prefill).items() if k in names}
+    res = student.scenario("part5.cache_errors", **case.dims(), prefill=prefill, bad_updates=bad)
+    for name in names:
+        r = res[name]
+        what = f"update with {name.replace('_', ' ')} (cache {case.dims()}, {prefill} tokens cached)"
+        check(r["value_error"] is True, what=what,
+              detail=f"expected ValueError, got {r['raised'] or 'no exception'}", hint=HINT_ERRORS)
+        check(bool(r["message"].strip()) and "\n" not in r["message"].strip(), what=what + ": the error message",
+              detail=f"message {r['message']!r} is empty or spans several lines", hint=HINT_ERRORS)
