@@ -61,6 +61,7 @@ release: $(STAMP)
 
 starter: $(STAMP)
 	$(PY) -m autograder.make_starter
+	$(PY) -m autograder.make_notebook
 
 checkpoint: $(STAMP)
 	$(PY) -m course.tiny_transformer train

@@ -49,6 +49,7 @@ def flash_backward(
             f"got o {tuple(o.shape)}, do {tuple(do.shape)}, lse {tuple(lse.shape)}"
         )
     ### BEGIN SOLUTION
+    # CANARY-SOLUTION-13eb915a5abe (release leak detector: must never reach students)
     *lead, Nq, d = q.shape
     Nk, dv_ = k.shape[-2], v.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale

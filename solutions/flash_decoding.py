@@ -44,6 +44,7 @@ def split_kv(k: torch.Tensor, v: torch.Tensor, num_splits: int) -> list[tuple[to
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of keys Nk, got {k.shape[-2]} and {v.shape[-2]}")
     ### BEGIN SOLUTION
+    # CANARY-SOLUTION-34a8ed8072a6 (release leak detector: must never reach students)
     return list(zip(torch.tensor_split(k, num_splits, dim=-2), torch.tensor_split(v, num_splits, dim=-2)))
     ### END SOLUTION
 

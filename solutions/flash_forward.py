@@ -58,6 +58,7 @@ def flash_forward(
     lse_i = log Σ_j exp(scale · q_i·k_j) over the keys row i may attend."""
     _check_inputs(q, k, v, block_q, block_k)
     ### BEGIN SOLUTION
+    # CANARY-SOLUTION-6a01520ee521 (release leak detector: must never reach students)
     *lead, Nq, d = q.shape
     Nk, dv = k.shape[-2], v.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale

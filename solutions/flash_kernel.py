@@ -60,6 +60,7 @@ def flash_forward_kernel(
     Q, O: global (H·n_q·d,), K, V: (H·n_k·d,), L: (H·n_q,); grid = (⌈n_q/B_r⌉, H), block = (B_r,).
     Writes O (softmax(scale·QKᵀ)V per row) and L (the rows' log-sum-exp)."""
     ### BEGIN SOLUTION
+    # CANARY-SOLUTION-62398da39139 (release leak detector: must never reach students)
     Br, Bc = t.blockDim.x, block_cols
     tx = t.threadIdx.x  # (Br,): this thread's row within the Q block
     head, row0 = t.blockIdx.y, t.blockIdx.x * Br

@@ -30,6 +30,7 @@ class KVCache:
     def __init__(self, n_layers: int, batch: int, n_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32) -> None:
         ### BEGIN SOLUTION
+        # CANARY-SOLUTION-37049cf438b7 (release leak detector: must never reach students)
         self.n_layers, self.batch, self.n_heads = n_layers, batch, n_heads
         self.max_len, self.head_dim = max_len, head_dim
         self.k = torch.zeros(n_layers, batch, n_heads, max_len, head_dim, dtype=dtype)

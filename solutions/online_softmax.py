@@ -30,6 +30,7 @@ def naive_softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim straight from the definition. x: (..., N) -> (..., N)."""
     _check_tensor(x)
     ### BEGIN SOLUTION
+    # CANARY-SOLUTION-5e91d3522060 (release leak detector: must never reach students)
     e = torch.exp(x)
     return e / e.sum(dim=-1, keepdim=True)
     ### END SOLUTION

@@ -1,3 +1,4 @@
+# CANARY-HIDDEN-2e4a1e4883ed (release leak detector: hidden tests must never reach students)
 """Part 1 hidden tests: the public checks on more shapes, seeds and edge cases."""
 import pytest
 from hypothesis import given

@@ -1,3 +1,4 @@
+# CANARY-HIDDEN-5bc875b26663 (release leak detector: hidden tests must never reach students)
 """Part 2 hidden tests: more shapes, seeds and edge cases from the same generators (cases_part2.py)."""
 import pytest
 

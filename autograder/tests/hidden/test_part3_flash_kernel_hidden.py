@@ -1,3 +1,4 @@
+# CANARY-HIDDEN-87f7668dc5ee (release leak detector: hidden tests must never reach students)
 """Part 3 hidden tests: the public checks on more shapes, seeds, block sizes and ragged N."""
 import pytest
 

@@ -1,3 +1,4 @@
+# CANARY-HIDDEN-c534540e4032 (release leak detector: hidden tests must never reach students)
 """Part 4 hidden tests: more shapes, seeds and edge cases from the same generators (cases_part4.py)."""
 import pytest
 

@@ -1,3 +1,4 @@
+# CANARY-HIDDEN-6ae7ba3699c0 (release leak detector: hidden tests must never reach students)
 """Part 5 hidden tests: the public checks on more prompts, seeds, chunk patterns and batch > 1."""
 import pytest
 

@@ -1,3 +1,4 @@
+# CANARY-HIDDEN-9f7ee0739056 (release leak detector: hidden tests must never reach students)
 """Part 6 hidden tests: more shapes, seeds and edge cases from the same generators (cases_part6.py)."""
 import pytest
 

@@ -1,0 +1,338 @@
+"""Submission intake: take ONLY the graded files out of a student's folder or .zip.
+
+A submission is one entry of the folder an instructor downloads from the LMS: a directory (a git
+clone, an unpacked upload) or a .zip. Intake never extracts anything into the instructor's tree
+and never follows a link: it walks the directory (or reads the zip's central directory), picks the
+folder that holds the graded files, checks each of them, and writes clean copies into a fresh
+destination folder that the grader (and its sandbox) sees instead of the original.
+
+Rejected, each with a one-line reason shown in the student's feedback:
+- a path that escapes the submission (absolute, or with `..`: a "zip slip");
+- a symbolic or hard link, a device, a fifo (for a directory) or a link entry (for a zip);
+- a graded file over `max_file_bytes`, not UTF-8, with NUL bytes, or not valid Python;
+- a whole submission that is neither a directory nor a .zip, a corrupt or encrypted zip, or one
+  with more than `max_entries` entries.
+Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data) is ignored and
+listed as such. A graded file that is absent, or rejected, costs that part its points.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import tomllib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+ROOT = Path(__file__).resolve().parent.parent
+RUBRIC = ROOT / "autograder" / "rubric.toml"
+
+# part -> graded file; the rubric (autograder/rubric.toml) is the authority when it names files.
+DEFAULT_FILES: dict[int, str] = {
+    1: "online_softmax.py",
+    2: "flash_forward.py",
+    3: "flash_kernel.py",
+    4: "flash_backward.py",
+    5: "kv_cache.py",
+    6: "flash_decoding.py",
+}
+
+MAX_FILE_BYTES = 1 << 20  # a complete solution file is ~10 KB; 1 MiB leaves 100x headroom
+MAX_ENTRIES = 10_000  # files + folders in one submission (a zip bomb has millions)
+MAX_DEPTH = 12
+SKIP_DIRS = {".git", "__MACOSX", "__pycache__", ".ipynb_checkpoints", ".venv", "node_modules"}
+
+
+def graded_files(rubric: Path = RUBRIC) -> dict[int, str]:
+    """{part: its (first) graded file} from the rubric's [[part]] tables, else the six default names."""
+    try:
+        data = tomllib.loads(rubric.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return dict(DEFAULT_FILES)
+    found: dict[int, str] = {}
+    for part in data.get("part", []):
+        try:
+            files = [str(f) for f in part["files"]]
+            found[int(part["number"])] = os.path.basename(files[0])
+        except (KeyError, TypeError, ValueError, IndexError):
+            return dict(DEFAULT_FILES)
+    return found or dict(DEFAULT_FILES)
+
+
+def all_graded_files(rubric: Path = RUBRIC) -> list[str]:
+    """Every graded file name in the rubric (a part may have several), sorted."""
+    try:
+        data = tomllib.loads(rubric.read_text(encoding="utf-8"))
+        names = {os.path.basename(str(f)) for part in data.get("part", []) for f in part["files"]}
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError):
+        names = set()
+    return sorted(n for n in names if n.endswith(".py")) or sorted(DEFAULT_FILES.values())
+
+
+@dataclass
+class Submission:
+    """What intake made of one entry: a clean folder with the accepted graded files, and why the
+    rest was left out. `error` set means the whole entry was rejected (every part scores 0)."""
+
+    name: str  # student id: the entry's name, sanitised for use as a folder name
+    source: str  # the entry as given (a path)
+    dir: Path | None = None  # folder holding only the accepted graded files
+    files: dict[str, str] = field(default_factory=dict)  # accepted file -> sha256 of its bytes
+    missing: list[str] = field(default_factory=list)  # graded files not found
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (path in the submission, reason)
+    ignored: list[str] = field(default_factory=list)  # other files (not graded), first 50
+    ignored_count: int = 0
+    error: str | None = None
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the accepted graded files (names and bytes), independent of anything else."""
+        h = hashlib.sha256()
+        for name in sorted(self.files):
+            h.update(f"{name}\0{self.files[name]}\n".encode())
+        return h.hexdigest()
+
+    def notes(self) -> list[str]:
+        """One line per thing the student should know about intake (shown in the feedback)."""
+        lines = []
+        if self.error:
+            lines.append(f"submission rejected: {self.error}")
+        lines += [f"{path}: rejected: {why}" for path, why in self.rejected]
+        lines += [f"{name}: missing (that part scores 0)" for name in self.missing]
+        if self.ignored_count:
+            shown = ", ".join(self.ignored[:8]) + (" ..." if self.ignored_count > 8 else "")
+            lines.append(f"ignored {self.ignored_count} file(s) that are not graded: {shown}")
+        return lines
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "source": self.source, "files": self.files, "missing": self.missing,
+            "rejected": [list(r) for r in self.rejected], "ignored_count": self.ignored_count,
+            "error": self.error, "sha256": self.sha256,
+        }
+
+
+def student_name(entry: Path) -> str:
+    """A folder-safe student id from the entry name (`alice.zip` -> `alice`)."""
+    name = entry.name[:-4] if entry.name.lower().endswith(".zip") else entry.name
+    name = re.sub(r"[^A-Za-z0-9._@+-]", "_", name).strip("._") or "submission"
+    return name[:100]
+
+
+def check_source(name: str, data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -> str | None:
+    """None if `data` is an acceptable graded Python file, else the reason it is not."""
+    if len(data) > max_file_bytes:
+        return f"file too large ({len(data)} bytes > {max_file_bytes})"
+    if b"\0" in data:
+        return "not a Python source file (contains NUL bytes)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text (byte {e.start}); save the file as UTF-8"
+    try:
+        compile(text, name, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"not valid Python: {e.msg} (line {e.lineno}); fix the syntax error"
+    except (ValueError, RecursionError, MemoryError) as e:  # pathological input
+        return f"not valid Python ({type(e).__name__})"
+    return None
+
+
+def _unsafe_member(name: str) -> str | None:
+    """Why a zip member name may not be used, or None. Names are always '/'-separated in zips."""
+    if "\\" in name or "\0" in name:
+        return "path contains a backslash or NUL (escapes the submission folder on some systems)"
+    p = PurePosixPath(name)
+    if p.is_absolute() or re.match(r"^[A-Za-z]:", name):
+        return "absolute path (escapes the submission folder)"
+    if ".." in p.parts:
+        return "path contains '..' (escapes the submission folder)"
+    return None
+
+
+def _pick_root(candidates: dict[str, list[str]], wanted: set[str]) -> tuple[str | None, str | None]:
+    """Choose the folder (posix relative path) that holds the graded files: the one with the most
+    of them, then the shallowest. Returns (folder, error)."""
+    by_dir: dict[str, set[str]] = {}
+    for name, paths in candidates.items():
+        for path in paths:
+            parent = str(PurePosixPath(path).parent)
+            by_dir.setdefault(parent, set()).add(name)
+    if not by_dir:
+        return None, None
+    ranked = sorted(by_dir, key=lambda d: (-len(by_dir[d]), 0 if d == "." else d.count("/") + 1, d))
+    best = ranked[0]
+    if len(ranked) > 1:
+        second = ranked[1]
+        same = len(by_dir[second]) == len(by_dir[best])
+        depth = lambda d: 0 if d == "." else d.count("/") + 1  # noqa: E731
+        if same and depth(second) == depth(best):
+            return None, (f"ambiguous: graded files in both '{best}' and '{second}'; "
+                          "submit one folder with the six files")
+    return best, None
+
+
+def take(entry: Path, dest: Path, *, wanted: list[str] | None = None,
+         max_file_bytes: int = MAX_FILE_BYTES, max_entries: int = MAX_ENTRIES) -> Submission:
+    """Validate one submission entry and copy its graded files into `dest` (created, must not exist).
+
+    Never raises for anything the student controls: problems land in the returned Submission."""
+    wanted = list(wanted or all_graded_files())
+    sub = Submission(name=student_name(entry), source=str(entry))
+    try:
+        st = os.lstat(entry)
+    except OSError as e:
+        sub.error = f"cannot read the submission ({e.strerror})"
+        return sub
+    if stat.S_ISLNK(st.st_mode):
+        sub.error = "the submission is a symbolic link"
+        return sub
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            contents = _read_dir(entry, set(wanted), sub, max_file_bytes, max_entries)
+        elif stat.S_ISREG(st.st_mode) and entry.name.lower().endswith(".zip"):
+            contents = _read_zip(entry, set(wanted), sub, max_file_bytes, max_entries)
+        else:
+            sub.error = "not a folder or a .zip file"
+            return sub
+    except _Reject as e:
+        sub.error = str(e)
+        return sub
+
+    dest.mkdir(parents=True)
+    os.chmod(dest, 0o755)  # readable by the sandbox's unprivileged user
+    for name in wanted:
+        data = contents.get(name)
+        if data is None:
+            if not any(os.path.basename(p) == name for p, _ in sub.rejected):
+                sub.missing.append(name)
+            continue
+        (dest / name).write_bytes(data)
+        os.chmod(dest / name, 0o644)
+        sub.files[name] = hashlib.sha256(data).hexdigest()
+    sub.dir = dest
+    return sub
+
+
+class _Reject(Exception):
+    """The whole submission is rejected (message = the reason)."""
+
+
+def _read_dir(root: Path, wanted: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
+    candidates: dict[str, list[str]] = {}
+    count = 0
+    stack: list[tuple[Path, str, int]] = [(root, "", 0)]
+    while stack:
+        folder, rel, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            sub.rejected.append((rel or ".", f"cannot read folder ({e.strerror})"))
+            continue
+        for e in entries:
+            count += 1
+            if count > max_entries:
+                raise _Reject(f"more than {max_entries} files and folders; submit only your code")
+            path = f"{rel}/{e.name}" if rel else e.name
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                sub.rejected.append((path, "symbolic link (links are not followed)"))
+            elif stat.S_ISDIR(st.st_mode):
+                if e.name in SKIP_DIRS:
+                    continue
+                if depth + 1 > MAX_DEPTH:
+                    sub.rejected.append((path, f"folder nested deeper than {MAX_DEPTH} levels"))
+                    continue
+                stack.append((Path(e.path), path, depth + 1))
+            elif not stat.S_ISREG(st.st_mode):
+                sub.rejected.append((path, "not a regular file (device, fifo or socket)"))
+            elif e.name in wanted:
+                if st.st_nlink > 1:
+                    sub.rejected.append((path, "hard link (copy the file instead)"))
+                else:
+                    candidates.setdefault(e.name, []).append(path)
+            else:
+                _ignore(sub, path)
+    return _collect(candidates, wanted, sub, max_bytes, lambda p: _read_capped(root / p, max_bytes))
+
+
+def _read_capped(path: Path, max_bytes: int) -> bytes:
+    # O_NOFOLLOW: the file was checked with lstat, but could be swapped for a link since then
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(max_bytes + 1)
+
+
+def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise _Reject(f"not a readable zip file ({e})") from None
+    with zf:
+        infos = zf.infolist()
+        if len(infos) > max_entries:
+            raise _Reject(f"zip has {len(infos)} entries (more than {max_entries}); submit only your code")
+        candidates: dict[str, list[str]] = {}
+        members: dict[str, zipfile.ZipInfo] = {}
+        for info in infos:
+            name = info.filename
+            why = _unsafe_member(name)
+            if why:
+                sub.rejected.append((name, why))
+                continue
+            if stat.S_ISLNK(info.external_attr >> 16):
+                sub.rejected.append((name, "symbolic link entry (links are not followed)"))
+                continue
+            if info.is_dir():
+                continue
+            parts = PurePosixPath(name).parts
+            if any(p in SKIP_DIRS for p in parts[:-1]):
+                continue
+            base = parts[-1]
+            if base in wanted:
+                if info.flag_bits & 0x1:
+                    sub.rejected.append((name, "encrypted zip entry"))
+                elif info.file_size > max_bytes:
+                    sub.rejected.append((name, f"file too large ({info.file_size} bytes > {max_bytes})"))
+                else:
+                    norm = str(PurePosixPath(*parts))
+                    candidates.setdefault(base, []).append(norm)
+                    members[norm] = info
+            else:
+                _ignore(sub, name)
+
+        def read(p: str) -> bytes:
+            with zf.open(members[p]) as f:  # read at most max_bytes+1: the header's size may lie
+                return f.read(max_bytes + 1)
+
+        try:
+            return _collect(candidates, wanted, sub, max_bytes, read)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+            raise _Reject(f"corrupt zip file ({e})") from None
+
+
+def _ignore(sub: Submission, path: str) -> None:
+    sub.ignored_count += 1
+    if len(sub.ignored) < 50:
+        sub.ignored.append(path)
+
+
+def _collect(candidates: dict[str, list[str]], wanted: set[str], sub: Submission, max_bytes: int, read) -> dict[str, bytes]:
+    root, error = _pick_root(candidates, wanted)
+    if error:
+        raise _Reject(error)
+    out: dict[str, bytes] = {}
+    for name, paths in sorted(candidates.items()):
+        for p in sorted(paths):
+            if str(PurePosixPath(p).parent) != root:
+                _ignore(sub, p)  # a second copy elsewhere (e.g. a backup folder): not graded
+                continue
+            data = read(p)
+            why = check_source(name, data, max_bytes)
+            if why:
+                sub.rejected.append((p, why))
+            else:
+                out[name] = data
+    return out

@@ -1,0 +1,2 @@
+import builtins
+builtins.NotImplementedError = type('NotImplementedError', (Exception,), {})

@@ -1,0 +1,128 @@
+"""Batch autograding throughput: 40 submissions (correct, buggy, hostile), public + hidden tests,
+sandboxed, one judge per core (2 here). Reports submissions per minute and the sandbox's overhead.
+
+    python -m benchmarks.bench_autograde [--n 40] [--jobs 2] [--parts 1,2,...] [--sets public,hidden]
+
+The mix: a quarter correct (solutions/), half buggy (the mutation catalogue autograder/mutations/*.toml
+applied to solutions/, cycling through it), a quarter hostile (the red-team corpus, cycling). Limits
+are the rubric's (20 s per call, ...), as in a real batch.
+
+Sandbox overhead, measured two ways:
+- per worker start: the time to start `python -I -S -c pass` through the sandbox prefix minus
+  without it (20 interleaved repetitions; minima, and the median of the differences);
+- per submission: that, times the mean number of worker starts per submission in the batch (a
+  worker is started once per submission, plus once after each crash or timeout).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import itertools
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autograder import redteam  # noqa: E402
+from autograder.batch import Options, run_batch  # noqa: E402
+from autograder.intake import all_graded_files  # noqa: E402
+from autograder.sandbox import detect  # noqa: E402
+
+
+def make_submissions(dest: Path, n: int) -> dict[str, str]:
+    """n submissions in dest: {name: kind}. Kinds: correct, buggy:<mutation>, hostile:<attack>."""
+    files = all_graded_files()
+    mutations = sorted((ROOT / "autograder" / "mutations").glob("*.toml"))
+    corpus_dir = dest.parent / "corpus"
+    attacks = [a for a in redteam.assemble(corpus_dir, honest=False)]
+    n_correct, n_hostile = n // 4, n // 4
+    n_buggy = n - n_correct - n_hostile
+    kinds: dict[str, str] = {}
+    for i in range(n_correct):
+        d = dest / f"correct_{i:02d}"
+        d.mkdir(parents=True)
+        for f in files:
+            shutil.copy(ROOT / "solutions" / f, d / f)
+        kinds[d.name] = "correct"
+    for i, m in zip(range(n_buggy), itertools.cycle(mutations)):
+        d = dest / f"buggy_{i:02d}"
+        d.mkdir(parents=True)
+        for f in files:
+            shutil.copy(ROOT / "solutions" / f, d / f)
+        redteam._apply_mutation(d, m.stem)
+        kinds[d.name] = f"buggy:{m.stem}"
+    for i, a in zip(range(n_hostile), itertools.cycle(attacks)):
+        shutil.copytree(corpus_dir / a, dest / f"hostile_{i:02d}")
+        kinds[f"hostile_{i:02d}"] = f"hostile:{a}"
+    return kinds
+
+
+def worker_start_overhead(reps: int = 20) -> dict:
+    """Extra seconds to start a process through the sandbox prefix (launcher + bubblewrap + setpriv),
+    on a bare `python -I -S -c pass` so that the load of the machine blurs it least: interleaved
+    repetitions, the minimum of each (the least disturbed run) and the medians."""
+    box = detect().with_uid(64010)
+    cmd = [sys.executable, "-I", "-S", "-c", "pass"]
+    prefix = box.prefix([sys.prefix, sys.base_prefix])
+    bare, boxed = [], []
+    for _ in range(reps):
+        for pre, out in (([], bare), (prefix, boxed)):
+            t0 = time.perf_counter()
+            subprocess.run(pre + cmd, check=True, capture_output=True)
+            out.append(time.perf_counter() - t0)
+    return {"sandbox": box.mode, "bare_min_s": min(bare), "sandboxed_min_s": min(boxed),
+            "overhead_s": min(boxed) - min(bare),
+            "overhead_median_s": statistics.median(b - a for a, b in zip(bare, boxed))}
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_autograde", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--parts", default=None, help="comma-separated parts (default: all)")
+    ap.add_argument("--sets", default="public,hidden")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the batch output in this folder")
+    # `make bench` calls main() with no arguments: the full run, unless BENCH_AUTOGRADE_ARGS says otherwise
+    a = ap.parse_args(list(argv) if argv is not None else os.environ.get("BENCH_AUTOGRADE_ARGS", "").split())
+    parts = [int(x) for x in a.parts.split(",")] if a.parts else None
+    with tempfile.TemporaryDirectory(prefix="bench-autograde-") as tmp:
+        subs = Path(tmp) / "submissions"
+        kinds = make_submissions(subs, a.n)
+        out = a.keep or Path(tmp) / "out"
+        summary = run_batch(subs, out, jobs=a.jobs, progress=sys.stderr.isatty(),
+                            options=Options(parts=parts, test_sets=tuple(a.sets.split(","))))
+    overhead = worker_start_overhead()
+    starts = [t.get("worker_starts", 0) for t in summary["engine_timing"].values()]
+    mean_starts = statistics.mean(starts) if starts else 0.0
+    result = {
+        "submissions": summary["submissions"], "graded": summary["graded"],
+        "failed_to_grade": summary["failed_to_grade"], "jobs": summary["jobs"], "wall_s": summary["wall_s"],
+        "submissions_per_minute": summary["submissions_per_minute"], "sandbox": summary["sandbox"],
+        "process_limit": summary["process_limit"], "parts": parts or "all", "test_sets": a.sets,
+        "mix": {k: sum(v.startswith(k) for v in kinds.values()) for k in ("correct", "buggy", "hostile")},
+        "process_start_bare_min_s": round(overhead["bare_min_s"], 4),
+        "process_start_sandboxed_min_s": round(overhead["sandboxed_min_s"], 4),
+        "sandbox_overhead_per_worker_start_s": round(overhead["overhead_s"], 4),
+        "sandbox_overhead_median_s": round(overhead["overhead_median_s"], 4),
+        "mean_worker_starts_per_submission": round(mean_starts, 2),
+        "sandbox_overhead_per_submission_s": round(overhead["overhead_s"] * mean_starts, 4),
+        "mean_worker_startup_s": round(statistics.mean(s for t in summary["engine_timing"].values()
+                                                        for s in t.get("worker_startup_s", [])) or 0, 3)
+        if any(t.get("worker_startup_s") for t in summary["engine_timing"].values()) else None,
+        "slowest": sorted(summary["per_submission_s"].items(), key=lambda kv: -kv[1])[:5],
+    }
+    width = max(map(len, result))
+    for k, v in result.items():
+        print(f"{k:<{width}}  {v}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

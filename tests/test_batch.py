@@ -1,0 +1,280 @@
+"""Batch autograder: intake rules, the sandbox, and the batch machinery (with a fake grade function).
+
+The batch runs here with `grader="test_batch:fake_grade"`: a stand-in for autograder.engine.grade
+that scores a part by markers in its file, and can hang, raise or kill its judge on request. The
+real engine is exercised by tests/test_redteam.py (the same batch, sandboxed, on real code).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from autograder import intake
+from autograder.batch import Options, merge, run_batch, student_view
+from autograder.sandbox import SECRET_PATHS, Sandbox, detect, no_fork_filter
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = intake.all_graded_files()
+
+
+# ---------------------------------------------------------------------------------------------
+# a fake grade function, importable by the judge processes (module `test_batch`)
+
+
+def fake_grade(impl_dir, *, parts=None, test_sets=("public",), worker_prefix=None, limits=None, **_):
+    """Part n scores its max when its file contains 'CORRECT'; 'HANG' sleeps, 'RAISE' raises,
+    'DIE' kills this judge process. Deterministic, and as fast as a report can be made."""
+    from autograder.engine import load_rubric
+
+    rubric = load_rubric()
+    rows, tests = [], []
+    for p in rubric.parts:
+        if parts and p.number not in parts:
+            continue
+        text = "".join((Path(impl_dir) / f).read_text() for f in p.files if (Path(impl_dir) / f).is_file())
+        if "HANG" in text:
+            time.sleep(600)
+        if "RAISE" in text:
+            raise RuntimeError("grading blew up")
+        if "DIE" in text:
+            os._exit(3)
+        ok = "CORRECT" in text
+        rows.append({"part": p.number, "name": p.name, "points": float(p.points) if ok else 0.0,
+                     "max_points": float(p.points), "passed": int(ok), "total": 2, "status": "ok" if ok else "failed",
+                     "first_failure": None if ok else {"test": f"public/test_part{p.number}.py::t", "message": "wrong"}})
+        tests.append({"id": f"public/test_part{p.number}.py::t", "part": p.number, "set": "public",
+                      "outcome": "passed" if ok else "failed", "score": float(p.points) if ok else 0.0,
+                      "max_score": float(p.points), "message": "" if ok else "wrong", "output": "x" * 5000})
+        tests.append({"id": f"hidden/test_part{p.number}.py::t[0]", "part": p.number, "set": "hidden",
+                      "outcome": "failed", "score": 0.0, "max_score": 0.0,
+                      "message": "failed (hidden test: details are not shown)"})
+    return {"parts": rows, "total": sum(r["points"] for r in rows), "max_total": sum(r["max_points"] for r in rows),
+            "tests": tests, "errors": ["hidden/test_part1.py::t[113-203]: grading error"],
+            "hashes": {"submission": "s", "tests": "t", "environment": "e"}}
+
+
+def _submission(folder: Path, marks: dict[str, str]) -> Path:
+    folder.mkdir(parents=True)
+    for f in FILES:
+        (folder / f).write_text(f"# {f}\n{marks.get(f, '')}\n")
+    return folder
+
+
+def _batch(subs: Path, out: Path, **kw) -> dict:
+    options = Options(grader="test_batch:fake_grade", test_sets=("public", "hidden"))
+    return run_batch(subs, out, options=options, progress=False, sandbox="off", **kw)
+
+
+def _rows(out: Path) -> dict[str, dict]:
+    return {r["student"]: r for r in csv.DictReader(io.StringIO((out / "grades.csv").read_text()))}
+
+
+# ---------------------------------------------------------------------------------------------
+# intake
+
+
+def test_intake_takes_only_the_graded_files_of_a_folder(tmp_path):
+    sub = tmp_path / "alice"
+    _submission(sub / "work" / "starter", {"flash_forward.py": "x = 1"})
+    (sub / "work" / "starter" / "conftest.py").write_text("raise SystemExit")
+    (sub / "notes.txt").write_text("hi")
+    (sub / "work" / "starter" / "kv_cache.py").unlink()
+    os.symlink("/etc/passwd", sub / "work" / "starter" / "kv_cache.py")  # a link named like a graded file
+    taken = intake.take(sub, tmp_path / "dest")
+    assert taken.error is None and taken.name == "alice"
+    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == sorted(set(FILES) - {"kv_cache.py"})
+    assert ("work/starter/kv_cache.py", "symbolic link (links are not followed)") in taken.rejected
+    assert taken.ignored_count == 2 and "kv_cache.py" not in taken.missing
+    assert any("conftest.py" in n for n in taken.notes())
+
+
+def test_intake_rejects_bad_files_with_reasons(tmp_path):
+    sub = _submission(tmp_path / "bob", {})
+    (sub / "online_softmax.py").write_bytes(b"x = '\xff\xfe'\n")  # not UTF-8
+    (sub / "flash_forward.py").write_bytes(b"x = 1\0\n")  # NUL byte
+    (sub / "flash_kernel.py").write_text("def f(:\n")  # not Python
+    (sub / "kv_cache.py").write_text("#" * (intake.MAX_FILE_BYTES + 1))  # oversize
+    os.remove(sub / "flash_decoding.py")
+    taken = intake.take(sub, tmp_path / "dest")
+    why = dict(taken.rejected)
+    assert "not UTF-8" in why["online_softmax.py"]
+    assert "NUL" in why["flash_forward.py"]
+    assert "not valid Python" in why["flash_kernel.py"] and "line 1" in why["flash_kernel.py"]
+    assert "too large" in why["kv_cache.py"]
+    assert taken.missing == ["flash_decoding.py"]
+    assert list(taken.files) == ["flash_backward.py"]
+
+
+def test_intake_reads_zips_without_extracting_and_refuses_zip_slip(tmp_path):
+    z = tmp_path / "carol.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        for f in FILES:
+            zf.writestr(f"carol/{f}", f"# {f}\n")
+        zf.writestr("../../evil.py", "print('escaped')")
+        zf.writestr("/abs/online_softmax.py", "x = 1")
+        zf.writestr("carol/..\\sneaky.py", "x = 1")
+        link = zipfile.ZipInfo("carol/link.py")
+        link.external_attr = (0o120777) << 16  # a symlink entry
+        zf.writestr(link, "/etc/passwd")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    taken = intake.take(z, tmp_path / "dest")
+    assert taken.name == "carol" and taken.error is None
+    assert sorted(taken.files) == sorted(FILES)
+    why = dict(taken.rejected)
+    assert "escapes" in why["../../evil.py"] and "absolute" in why["/abs/online_softmax.py"]
+    assert "backslash" in why["carol/..\\sneaky.py"] and "symbolic link" in why["carol/link.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["dest"])  # nothing else written
+    assert not (tmp_path.parent / "evil.py").exists()
+
+
+def test_intake_rejects_whole_submissions_it_cannot_use(tmp_path):
+    (tmp_path / "dave.tar.gz").write_bytes(b"\x1f\x8b")
+    (tmp_path / "erin.zip").write_bytes(b"PK\x03\x04 not really")
+    amb = tmp_path / "frank"
+    _submission(amb / "a", {})
+    _submission(amb / "b", {})
+    assert "not a folder or a .zip" in intake.take(tmp_path / "dave.tar.gz", tmp_path / "d1").error
+    assert "not a readable zip" in intake.take(tmp_path / "erin.zip", tmp_path / "d2").error
+    assert "ambiguous" in intake.take(amb, tmp_path / "d3").error
+
+
+# ---------------------------------------------------------------------------------------------
+# sandbox
+
+
+def test_sandbox_hides_secrets_blocks_network_and_fork(tmp_path):
+    box = detect()
+    assert box.mode == "bubblewrap" or box.mode.startswith("rlimits-only (")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    os.chmod(probe, 0o755)
+    code = ("import os, socket, sys\n"
+            "r = {'secret': os.path.exists(sys.argv[1])}\n"
+            "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); r['net'] = True\n"
+            "except OSError:\n    r['net'] = False\n"
+            "try:\n    open(os.path.join(sys.argv[2], 'w'), 'w'); r['write'] = True\n"
+            "except OSError:\n    r['write'] = False\n"
+            "try:\n    pid = os.fork()\n    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0); r['fork'] = True\n"
+            "except OSError:\n    r['fork'] = False\n"
+            "r['uid'] = os.getuid(); print(r)\n")
+    argv = box.with_uid(64099).prefix([str(probe), sys.base_prefix, sys.prefix]) + [
+        sys.executable, "-I", "-S", "-c", code, str(SECRET_PATHS[0]), str(probe)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    r = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 -- our own probe's dict
+    if no_fork_filter() is not None:
+        assert r["fork"] is False  # the seccomp filter refuses new processes in both modes
+    if box.bwrap:
+        assert (r["secret"], r["net"], r["write"]) == (False, False, False)
+        if box.uid is not None:
+            assert r["uid"] == 64099
+    else:
+        pytest.skip(f"filesystem and network isolation need bubblewrap ({box.mode})")
+
+
+def test_rlimits_only_fallback_says_why():
+    box = detect("rlimits")
+    assert box.mode == "rlimits-only (forced by the caller)" and box.bwrap is None
+    assert Sandbox(box.mode).describe()["sandbox"] == box.mode
+
+
+# ---------------------------------------------------------------------------------------------
+# the batch (fake grade function, no sandbox)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    subs = tmp_path_factory.mktemp("subs")
+    _submission(subs / "ann", {f: "CORRECT" for f in FILES})
+    _submission(subs / "ben", {"online_softmax.py": "CORRECT"})
+    _submission(subs / "cat", {"flash_forward.py": "RAISE"})
+    (subs / "eve.txt").write_text("not a submission")
+    empty = subs / "fay"
+    empty.mkdir()
+    (empty / "README.md").write_text("forgot the code")
+    return subs
+
+
+@pytest.fixture(scope="module")
+def full(folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    return out, _batch(folder, out, jobs=2)
+
+
+def test_batch_grades_every_entry_and_writes_the_results(full):
+    out, summary = full
+    rows = _rows(out)
+    assert sorted(rows) == ["ann", "ben", "cat", "eve.txt", "fay"]
+    assert rows["ann"]["total"] == "100" and rows["ann"]["status"] == "graded"
+    assert rows["ben"]["part1"] == "15" and rows["ben"]["total"] == "15"
+    assert rows["cat"]["status"] == "failed to grade" and "grading blew up" in rows["cat"]["reason"]
+    assert rows["eve.txt"]["status"] == "rejected" and rows["eve.txt"]["total"] == "0"
+    assert rows["fay"]["status"] == "rejected" and "no graded files" in (out / "fay" / "feedback.md").read_text()
+    assert (summary["graded"], summary["failed_to_grade"], summary["rejected"]) == (2, 1, 2)
+    for name in rows:
+        v = json.loads((out / name / "feedback.json").read_text())
+        assert v["sandbox"].startswith("none") and v["hashes"]["pip_freeze_sha256"]
+        gs = json.loads((out / name / "results.json").read_text())
+        assert gs["score"] == float(rows[name]["total"] or 0)
+        assert {t["visibility"] for t in gs["tests"]} <= {"visible", "after_published"}
+    assert (out / "cat" / "grading-error.txt").is_file()  # the traceback, for the instructor only
+    assert "Traceback" not in (out / "cat" / "feedback.md").read_text()
+
+
+def test_regrading_gives_byte_identical_grades(folder, full, tmp_path):
+    _batch(folder, tmp_path / "again", jobs=0)  # in this process this time: same bytes
+    assert (tmp_path / "again" / "grades.csv").read_bytes() == (full[0] / "grades.csv").read_bytes()
+
+
+def test_shards_merge_to_the_full_result(folder, full, tmp_path):
+    for i in (1, 2, 3):
+        _batch(folder, tmp_path / f"s{i}", jobs=0, shard=(i, 3))
+    assert len(_rows(tmp_path / "s2")) == 2 and len(_rows(tmp_path / "s3")) == 1  # (ben, fay) and (cat)
+    merged = merge([tmp_path / f"s{i}" for i in (1, 2, 3)], tmp_path / "merged")
+    assert merged.read_bytes() == (full[0] / "grades.csv").read_bytes()
+    assert (tmp_path / "merged" / "ann" / "feedback.md").is_file()
+    with pytest.raises(SystemExit, match="two shards"):
+        merge([tmp_path / "s1", tmp_path / "s1"], tmp_path / "bad")
+
+
+def test_a_hanging_or_dying_judge_is_replaced_and_the_batch_completes(tmp_path):
+    subs = tmp_path / "subs"
+    _submission(subs / "die", {"flash_forward.py": "DIE"})
+    _submission(subs / "hang", {"online_softmax.py": "HANG"})
+    _submission(subs / "ok", {"online_softmax.py": "CORRECT"})
+    t0 = time.perf_counter()
+    _batch(subs, tmp_path / "out", jobs=1, timeout_s=3)
+    rows = _rows(tmp_path / "out")
+    assert rows["die"]["status"] == "failed to grade" and "judge process died" in rows["die"]["reason"]
+    assert rows["hang"]["status"] == "failed to grade" and "longer than 3 s" in rows["hang"]["reason"]
+    assert rows["ok"]["total"] == "15" and rows["ok"]["status"] == "graded"  # graded by a fresh judge
+    assert time.perf_counter() - t0 < 120  # generous: the hang itself would take 600 s
+
+
+def test_student_view_hides_hidden_details_and_truncates_output():
+    report = fake_grade(ROOT / "solutions", parts=[1])
+    view = student_view(report)
+    assert view["errors"] == ["a hidden test could not run (the instructor has the details)"]
+    public = next(t for t in view["tests"] if t["set"] == "public")
+    assert len(public["output"]) < 2200 and "truncated" in public["output"]
+    assert all("output" not in t for t in view["tests"] if t["set"] == "hidden")
+
+
+def test_the_cli_refuses_bad_arguments(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "autograder.batch", *args], capture_output=True, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+
+    r = run(str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
+    assert r.returncode != 0 and "is not a folder" in r.stderr
+    r = run(str(tmp_path), "--out", str(tmp_path / "o"), "--shard", "4/3")
+    assert r.returncode != 0 and "1 <= i <= n" in r.stderr

@@ -1,0 +1,146 @@
+"""nbgrader channel: the whole cycle with nbgrader's own API (the code behind its CLI), on a copy of
+assignments/: generate_assignment, three collected submissions (completed, starter, and completed
+with one honest bug), autograde, export (nbgrader's CSV exporter), generate_feedback. Checks that the
+points in nbgrader's gradebook are the engine's points for the same code graded as .py files.
+
+To stay within the test budget both channels grade part 1 with the small test module of
+autograder_minitests.py (c.EngineGrade.parts / tests_dir); the other parts' test cells then say
+"not graded in this run" and score 0. nbgrader itself costs most of the time here: a new gradebook
+runs the `alembic` command line once, and every step converts the notebook.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.engine import grade, load_rubric
+from autograder.make_notebook import NOTEBOOK, file_grade_id, part_grade_id, render
+from autograder.nbgrader_channel import extract
+from autograder_minitests import MERGE_BUG, write_mini_tests
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSIGNMENT = "flashattention"
+
+
+def test_the_source_notebook_is_generated_from_the_solutions():
+    assert NOTEBOOK.read_text(encoding="utf-8") == render(), "run: python -m autograder.make_notebook"
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    rubric = load_rubric()
+    tests = {c.metadata.nbgrader["grade_id"]: c.metadata.nbgrader for c in nb.cells if c.metadata.nbgrader.get("grade")}
+    assert tests == {part_grade_id(p.number): {**tests[part_grade_id(p.number)], "points": float(p.points)}
+                     for p in rubric.parts}  # one autograded cell per part, worth the rubric's points
+    files = {c.metadata.nbgrader["grade_id"] for c in nb.cells if c.metadata.nbgrader.get("solution")}
+    assert files == {file_grade_id(f) for f in rubric.all_files()}
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # inside nbgrader's gradebook
+
+
+@pytest.fixture(scope="module")
+def cycle(tmp_path_factory):
+    from nbgrader.api import Gradebook
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.plugins import CsvExportPlugin
+    from traitlets.config.loader import PyFileConfigLoader
+
+    course = tmp_path_factory.mktemp("course")
+    shutil.copy(ROOT / "assignments" / "nbgrader_config.py", course)
+    shutil.copytree(ROOT / "assignments" / "source", course / "source")
+    tests_dir = write_mini_tests(tmp_path_factory.mktemp("minitests"))
+    with (course / "nbgrader_config.py").open("a") as f:
+        f.write(f"\nc.EngineGrade.parts = [1]\nc.EngineGrade.test_sets = ['public']\n"
+                f"c.EngineGrade.tests_dir = {str(tests_dir)!r}\n")
+    old_path, old_cwd = os.environ.get("PATH", ""), os.getcwd()
+    os.environ["PATH"] = f"{Path(os.sys.executable).parent}{os.pathsep}{old_path}"  # nbgrader runs `alembic`
+    os.chdir(course)
+    try:
+        cfg = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+        api = NbGraderAPI(coursedir=CourseDirectory(config=cfg, root=str(course)), config=cfg)
+        assert api.generate_assignment(ASSIGNMENT, force=True)["success"]
+        released = nbformat.read(course / "release" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+        source = nbformat.read(course / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+        answers = {c.metadata.nbgrader["grade_id"]: c.source for c in source.cells}
+
+        def completed(extra: str = "") -> nbformat.NotebookNode:
+            nb = nbformat.from_dict(released)
+            for c in nb.cells:
+                if c.metadata.get("nbgrader", {}).get("solution"):
+                    c.source = answers[c.metadata.nbgrader["grade_id"]]
+                    if c.metadata.nbgrader["grade_id"] == file_grade_id("online_softmax.py"):
+                        c.source += extra
+            return nb
+
+        submissions = {"complete": completed(), "starter": released, "buggy": completed(MERGE_BUG)}
+        for student, nb in submissions.items():  # what `nbgrader collect` leaves in submitted/
+            d = course / "submitted" / student / ASSIGNMENT
+            d.mkdir(parents=True)
+            nbformat.write(nb, d / f"{ASSIGNMENT}.ipynb")
+            (d / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
+        for student in submissions:
+            result = api.autograde(ASSIGNMENT, student, force=True)
+            assert result["success"], result.get("log", "")[-3000:]
+        scores = {}
+        with Gradebook(api.coursedir.db_url) as gb:
+            for student in submissions:
+                nb = gb.find_submission_notebook(ASSIGNMENT, ASSIGNMENT, student)
+                scores[student] = {g.name: g.score for g in nb.grades}
+            CsvExportPlugin(config=cfg, to=str(course / "grades.csv")).export(gb)
+        for student in submissions:
+            assert api.generate_feedback(ASSIGNMENT, student, force=True)["success"]
+    finally:
+        os.chdir(old_cwd)
+        os.environ["PATH"] = old_path
+    return {"course": course, "scores": scores, "submissions": submissions, "tests_dir": tests_dir}
+
+
+def _py_channel(impl: Path, tests_dir: Path) -> dict:
+    """The .py channel: the files graded like `make grade IMPL=...` (same parts and tests)."""
+    return grade(impl, parts=[1], test_sets=("public",), tests_dir=tests_dir)
+
+
+def test_the_same_code_gets_the_same_points_through_both_channels(cycle, tmp_path):
+    # the .py channel on the repository's own files: the completed notebook holds the solutions, the
+    # released one the starter; the buggy one is the solutions with merge_partial replaced
+    buggy = tmp_path / "buggy"
+    buggy.mkdir()
+    (buggy / "online_softmax.py").write_text((ROOT / "solutions" / "online_softmax.py").read_text() + MERGE_BUG)
+    py = {name: _py_channel(impl, cycle["tests_dir"])
+          for name, impl in (("complete", ROOT / "solutions"), ("starter", ROOT / "starter"), ("buggy", buggy))}
+    for student, report in py.items():
+        assert cycle["scores"][student][part_grade_id(1)] == pytest.approx(report["parts"][0]["points"], abs=1e-4)
+    assert py["complete"]["total"] == 15 and py["starter"]["total"] == 0 and 0 < py["buggy"]["total"] < 15
+    for student in py:  # parts not graded in this run score 0 (never free points)
+        assert all(v == 0 for k, v in cycle["scores"][student].items() if k != part_grade_id(1))
+
+
+def test_export_and_feedback_show_the_engines_result(cycle):
+    rows = {r["student_id"]: r for r in csv.DictReader((cycle["course"] / "grades.csv").open())}
+    assert float(rows["complete"]["score"]) == 15.0 and float(rows["starter"]["score"]) == 0.0
+    assert float(rows["buggy"]["score"]) == pytest.approx(cycle["scores"]["buggy"][part_grade_id(1)])
+    html = (cycle["course"] / "feedback" / "starter" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    assert "graded by the course&#39;s engine" in html or "graded by the course's engine" in html
+    assert "not implemented yet" in html
+    buggy = (cycle["course"] / "feedback" / "buggy" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    assert "merge_partial" in buggy and "FAILED" in buggy
+
+
+def test_extraction_gives_back_the_files(cycle, tmp_path):
+    assert extract(cycle["submissions"]["complete"], tmp_path / "c") == {}
+    for f in load_rubric().all_files():  # the completed notebook holds the solution files verbatim
+        assert (tmp_path / "c" / f).read_text() == (ROOT / "solutions" / f).read_text().rstrip("\n") + "\n"
+    assert extract(cycle["submissions"]["starter"], tmp_path / "s") == {}
+    assert "raise NotImplementedError" in (tmp_path / "s" / "online_softmax.py").read_text()
+
+
+def test_student_code_never_runs_in_a_notebook_kernel(cycle):
+    # the autograded notebook's code cells carry no execution counts: nothing was executed in a kernel
+    nb = nbformat.read(cycle["course"] / "autograded" / "complete" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    assert all(c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
+    assert not (cycle["course"] / "autograded" / "complete" / ASSIGNMENT / "submission").exists()
