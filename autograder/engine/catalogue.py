@@ -93,8 +93,14 @@ def apply(m: Mutation, dest: Path, solutions: Path = SOLUTIONS_DIR) -> dict[str,
     dest.mkdir(parents=True, exist_ok=True)
     for p in solutions.glob("*.py"):
         shutil.copyfile(p, dest / p.name)
+    apply_edits(m, dest)
+    return {p.name: p.read_text(encoding="utf-8") for p in dest.glob("*.py")}
+
+
+def apply_edits(m: Mutation, folder: Path) -> None:
+    """Apply m's edits in place to the files of `folder` (a copy of solutions/, possibly changed)."""
     for e in m.edits:
-        path = dest / e.file
+        path = folder / e.file
         if not path.exists():
             raise MutationError(f"{m.name}: {e.file} does not exist in solutions/")
         text = path.read_text(encoding="utf-8")
@@ -103,7 +109,6 @@ def apply(m: Mutation, dest: Path, solutions: Path = SOLUTIONS_DIR) -> dict[str,
             raise MutationError(f"{m.name}: `old` occurs {count} times in solutions/{e.file}, must be exactly once: "
                                 f"{e.old[:80]!r}")
         path.write_text(text.replace(e.old, e.new), encoding="utf-8")
-    return {p.name: p.read_text(encoding="utf-8") for p in dest.glob("*.py")}
 
 
 @dataclass

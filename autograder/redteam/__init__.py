@@ -38,16 +38,13 @@ def _graded_files() -> list[str]:
 
 
 def _apply_mutation(folder: Path, name: str) -> bool:
+    """Apply autograder/mutations/<name>.toml in place to `folder`; False if there is no such mutation."""
+    from ..engine import catalogue
+
     path = ROOT / "autograder" / "mutations" / f"{name}.toml"
     if not path.is_file():
         return False
-    spec = tomllib.loads(path.read_text(encoding="utf-8"))
-    for edit in spec.get("edit", []):
-        target = folder / edit["file"]
-        text = target.read_text(encoding="utf-8")
-        if text.count(edit["old"]) != 1:
-            raise ValueError(f"mutation {name}: the edit's `old` text is not found exactly once in {edit['file']}")
-        target.write_text(text.replace(edit["old"], edit["new"]), encoding="utf-8")
+    catalogue.apply_edits(catalogue.load_mutation(path), folder)
     return True
 
 
