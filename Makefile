@@ -13,6 +13,7 @@ IMPL        ?= starter
 PART        ?=
 TESTS       ?= public
 JOBS        ?=
+BENCH       ?=
 SUBMISSIONS ?= submissions
 OUT         ?= build/autograde
 RELEASE_DIR ?= build/student-release
@@ -23,7 +24,7 @@ help:
 	@echo "make grade [IMPL=starter|solutions|DIR] [PART=1..6] [TESTS=public|hidden|all]  grade an implementation"
 	@echo "make test                                  the project's test suite"
 	@echo "make demos                                 run the five lecture programs"
-	@echo "make bench                                 benchmarks (ratios measured side by side)"
+	@echo "make bench [BENCH=flash|gpusim|training|grading|autograde]  benchmarks (ratios measured side by side)"
 	@echo "make autograde SUBMISSIONS=dir [OUT=dir]   batch-grade a folder of submissions"
 	@echo "make gradescope                            build the Gradescope autograder zip"
 	@echo "make release [RELEASE_DIR=dir]             write the student repository"
@@ -48,7 +49,7 @@ demos: $(STAMP)
 	@for p in code/lecture05/0*.py; do echo; echo "=== $$p ==="; $(PY) $$p || exit 1; done
 
 bench: $(STAMP)
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(BENCH)
 
 autograde: $(STAMP)
 	$(PY) -m autograder.batch $(SUBMISSIONS) --out $(OUT)
