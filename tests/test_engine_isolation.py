@@ -350,3 +350,39 @@ def test_worker_prefix_is_used(probe, tmp_path):
     report = run(probe, sub, parts=[2], worker_prefix=prefix)
     assert report["total"] == 10
     assert seen and any(p.endswith("course") for p in seen[0])
+
+
+# every graded name allocates 10 GiB: RLIMIT_AS (3 GiB in RUBRIC) refuses it at once with MemoryError
+MEMORY_BOMB_PROBE = "\n".join(f"def {n}(*args):\n    import torch\n    torch.empty(10 * 2**30, dtype=torch.uint8)\n"
+                              f"    return 1.5\n" for n in (
+    "exit_", "osexit", "loop", "bigalloc", "segv", "flood", "fdwrite", "eq", "subfloat", "subtuple", "subtensor",
+    "ok", "raise_", "numpy_file", "add"))
+
+
+def test_memory_bomb_in_every_call_costs_at_most_max_losses_calls(probe, tmp_path):
+    """Out of memory is a loss like a timeout: after max_losses of them the part's remaining calls are
+    not made, and no worker is started after the last loss (the direct-start path, as in the sandbox,
+    starts the spare eagerly, so a wasted start would show in worker_starts)."""
+    sub = write(tmp_path / "sub", {"probe.py": MEMORY_BOMB_PROBE, "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[1], limits={"max_losses": 2}, worker_prefix=["env"])
+    tests = [t for t in report["tests"] if t["part"] == 1]
+    assert len(tests) == 16  # 15 test_call + test_add, each one call
+    assert report["timing"]["calls"] == 2  # calls actually sent to a worker
+    assert report["timing"]["worker_starts"] == 2  # the first worker and one spare; none after the 2nd loss
+    assert all(t["outcome"] == "failed" and "\n" not in t["message"] for t in tests)
+    assert all("ran out of memory" in t["message"] for t in tests[:2]), [t["message"] for t in tests[:2]]
+    assert all(t["message"] == "not run: the worker already timed out or crashed 2 times in part 1"
+               for t in tests[2:]), {t["message"] for t in tests[2:]}
+    assert report["errors"] == []
+
+
+def test_memory_bomb_at_import_counts_as_a_loss(probe, tmp_path):
+    """A graded file whose import runs out of memory is re-imported by every call: a loss too."""
+    sub = write(tmp_path / "sub", {"probe.py": "import torch\n_hog = torch.empty(10 * 2**30, dtype=torch.uint8)\n",
+                                   "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[1], limits={"max_losses": 2})
+    assert report["timing"]["calls"] == 2
+    tests = [t for t in report["tests"] if t["part"] == 1]
+    assert tests[0]["message"].startswith("importing probe.py failed: ran out of memory while allocating 10.0 GiB"), \
+        tests[0]["message"]
+    assert tests[-1]["message"].startswith("not run: the worker already timed out or crashed 2 times")

@@ -79,7 +79,7 @@ class Limits:
     file_size_mb: int = 64  # RLIMIT_FSIZE: the largest file the worker may write
     output_cap_bytes: int = 4 << 20  # more output than this in one call kills the call
     output_keep_bytes: int = 10_000  # output kept per test for the feedback
-    max_losses: int = 3  # after this many timeouts/crashes in one part, its remaining calls are not run
+    max_losses: int = 3  # after this many timeouts/crashes/out-of-memory calls in one part, the rest are not run
     threads: int = 1  # torch threads in the worker: deterministic, and fair in parallel batch grading
     fork_server: bool = True  # without worker_prefix, fork workers from a pre-imported zygote (zygote.py)
 
@@ -571,7 +571,8 @@ class CallStats:
 
 
 class WorkerPool:
-    """One worker reused across calls; after a loss it is replaced (a spare is started at once)."""
+    """One worker reused across calls; after a loss it is replaced (a spare is started at once,
+    unless the caller says no further call will need it)."""
 
     def __init__(self, sub: SubmissionCopy, modules: list[str], limits: Limits, prefix: WorkerPrefix) -> None:
         self.sub, self.modules, self.limits, self.prefix = sub, modules, limits, prefix
@@ -592,7 +593,9 @@ class WorkerPool:
             self.start()
 
     def request(self, op: str, target: str, args: tuple, kwargs: dict, timeout: float, sink: _Output,
-                allowed: list[str]) -> tuple[dict, list]:
+                allowed: list[str], spare: bool = True) -> tuple[dict, list]:
+        """One call. spare: after a loss, start the replacement now (False when the part has
+        reached max_losses with this loss, so no worker is started that nothing would use)."""
         self.start()
         worker = self._worker
         t0 = time.perf_counter()
@@ -602,13 +605,19 @@ class WorkerPool:
                 self.stats.startup_s.append(worker.startup_s)
             return worker.request(op, target, args, kwargs, timeout, sink, allowed)
         except _Lost:
-            worker.kill()
-            self._worker = None
-            self.warm_up()  # a direct replacement imports torch while the judge records the failure
+            self.discard(spare)
             raise
         finally:
             self.stats.calls += 1
             self.stats.call_s += time.perf_counter() - t0
+
+    def discard(self, spare: bool = True) -> None:
+        """Kill the current worker (lost, or out of memory: its heap may still hold the bomb)."""
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None
+        if spare:
+            self.warm_up()  # a direct replacement imports torch while the judge records the failure
 
     def close(self) -> None:
         if self._worker is not None:
@@ -692,14 +701,21 @@ class Engine:
                                f"{proxy.part}", kind="gave_up", target=target)
         sink = self.outputs.setdefault(proxy.test_id, _Output(limits.output_keep_bytes, limits.output_cap_bytes))
         sink.total = 0  # the cap applies per call; `data` keeps accumulating up to `keep`
+        spare = state.losses + 1 < limits.max_losses  # a replacement only if this part may call again
         try:
             reply, buffers = self.pool.request(op, target, args, kwargs, timeout or limits.call_timeout_s,
-                                               sink, [m + ".py" for m in allowed])
+                                               sink, [m + ".py" for m in allowed], spare=spare)
         except _Lost as lost:
             state.losses += 1
             raise StudentError(str(lost), kind=lost.kind, target=target, function=name) from None
         if not reply.get("ok"):
-            raise _student_error(reply.get("error"), target, name)
+            error = _student_error(reply.get("error"), target, name)
+            if error.kind == "memory" or (type(reply.get("error")) is dict and reply["error"].get("memory") is True):
+                # A call that hit the memory limit is a loss like a timeout: a bomb in every call
+                # would otherwise cost every call its allocation time. The worker is replaced too.
+                state.losses += 1
+                self.pool.discard(spare)
+            raise error
         try:
             return protocol.decode_value(reply.get("value"), buffers)
         except protocol.ProtocolError as e:

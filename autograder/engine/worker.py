@@ -89,8 +89,14 @@ def _student_frame(tb) -> tuple[str, int, str] | None:
     for frame, lineno in traceback.walk_tb(tb):
         mod = frame.f_globals.get("__name__", "")
         if isinstance(mod, str) and mod.startswith(PACKAGE + "."):
-            found = (os.path.basename(frame.f_code.co_filename), lineno, frame.f_code.co_name)
+            found = (os.path.basename(frame.f_code.co_filename), lineno, frame.f_code.co_qualname)
     return found
+
+
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """MemoryError (numpy's included), or torch's allocator failing under the address-space limit."""
+    return exc is not None and (isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
+                                or "not enough memory" in str(exc))
 
 
 def _describe(exc: BaseException) -> dict:
@@ -101,12 +107,15 @@ def _describe(exc: BaseException) -> dict:
         kind, message = "not_implemented", str(exc)
     elif isinstance(exc, protocol.NotPlainData):
         kind, message = "not_plain", str(exc)
-    elif isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "not enough memory" in str(exc):
+    elif _out_of_memory(exc):
         import re
 
         asked = re.search(r"allocate (\d+) bytes", str(exc))
         size = f" while allocating {int(asked.group(1)) / 2**30:.1f} GiB" if asked else ""
-        kind, message = "memory", f"ran out of memory{size} ({type(exc).__name__}; the worker's limit is {_MEMORY_MB} MB)"
+        cause = exc.__cause__ if isinstance(exc, ImportFailed) and exc.__cause__ is not None else exc
+        kind, message = "memory", f"ran out of memory{size} ({type(cause).__name__}; the worker's limit is {_MEMORY_MB} MB)"
+        if isinstance(exc, ImportFailed):  # "importing x.py failed: ran out of memory ..."
+            message = f"{str(exc).split(':', 1)[0]}: {message}"
     else:
         kind, message = "exception", str(exc)
     if isinstance(exc, ImportFailed):
@@ -118,6 +127,8 @@ def _describe(exc: BaseException) -> dict:
         "type": type(exc).__name__,
         "message": message[:2000],
         "where": list(where) if where else None,
+        # also true when importing a graded file ran out of memory: the judge counts it as a loss
+        "memory": _out_of_memory(exc) or _out_of_memory(exc.__cause__),
         "traceback": "".join(traceback.format_exception(exc))[-6000:],
     }
 
