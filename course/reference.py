@@ -20,8 +20,10 @@ import math
 import torch
 
 
-def _check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise a one-line ValueError naming what is wrong with q, k, v."""
+def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           block_q: int | None = None, block_k: int | None = None) -> None:
+    """Raise a one-line TypeError/ValueError naming what is wrong with q (..., Nq, d), k (..., Nk, d),
+    v (..., Nk, dv) and, when given, the block sizes. Shared by the references and the solutions."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -35,6 +37,9 @@ def _check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
         raise ValueError(f"q and k must have the same head dim d, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of keys Nk, got {k.shape[-2]} and {v.shape[-2]}")
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if b is not None and not (isinstance(b, int) and b > 0):
+            raise ValueError(f"{name} must be a positive int, got {b!r}")
 
 
 def causal_mask(nq: int, nk: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -72,7 +77,7 @@ def attention_reference(
     """Float64 reference attention. q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv).
 
     Returns (o (..., Nq, dv), lse (..., Nq)), both float64."""
-    _check_attention_inputs(q, k, v)
+    check_attention_inputs(q, k, v)
     return _attention(q.double(), k.double(), v.double(), causal, scale)
 
 
@@ -85,7 +90,7 @@ def attention_plain(
     in q's dtype. Differentiable by autograd, so ``torch.autograd.grad`` through it gives the
     plain gradients for the 3x rule.
     """
-    _check_attention_inputs(q, k, v)
+    check_attention_inputs(q, k, v)
     return _attention(q, k, v, causal, scale)
 
 

@@ -13,24 +13,7 @@ import math
 
 import torch
 
-
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> None:
-    """One-line errors for inputs that break the handout's shape conventions."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., N, d), got {tuple(t.shape)}")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(
-            f"q, k, v must have the same leading dims, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same head dim d, got {q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of keys Nk, got {k.shape[-2]} and {v.shape[-2]}")
-    if not (isinstance(block_q, int) and isinstance(block_k, int) and block_q > 0 and block_k > 0):
-        raise ValueError(f"block_q and block_k must be positive ints, got {block_q!r} and {block_k!r}")
+from course.reference import check_attention_inputs
 
 
 # §5.1 (FA2 loop order, §6.3): for each Q block (outer), start from m = -inf, ℓ = 0, acc = 0 and
@@ -56,7 +39,7 @@ def flash_forward(
     q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv); block_q = B_r, block_k = B_c.
     Returns o: (..., Nq, dv) and lse: (..., Nq), both in q's dtype, where
     lse_i = log Σ_j exp(scale · q_i·k_j) over the keys row i may attend."""
-    _check_inputs(q, k, v, block_q, block_k)
+    check_attention_inputs(q, k, v, block_q, block_k)
     ### BEGIN SOLUTION
     # CANARY-SOLUTION-6a01520ee521 (release leak detector: must never reach students)
     *lead, Nq, d = q.shape

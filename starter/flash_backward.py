@@ -14,7 +14,9 @@ import math
 
 import torch
 
-from .flash_forward import _check_inputs, flash_forward
+from course.reference import check_attention_inputs
+
+from .flash_forward import flash_forward
 
 
 # §7.3: D_i = rowsum(dO ∘ O), once, before the loops. Guard the fully masked rows: their lse is
@@ -43,7 +45,7 @@ def flash_backward(
 
     q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv), o: (..., Nq, dv), lse: (..., Nq),
     do: (..., Nq, dv). Returns dq: (..., Nq, d), dk: (..., Nk, d), dv: (..., Nk, dv)."""
-    _check_inputs(q, k, v, block_q, block_k)
+    check_attention_inputs(q, k, v, block_q, block_k)
     if o.shape != q.shape[:-1] + v.shape[-1:] or do.shape != o.shape or lse.shape != q.shape[:-1]:
         raise ValueError(
             f"o and do must have shape {tuple(q.shape[:-1] + v.shape[-1:])} and lse {tuple(q.shape[:-1])}, "

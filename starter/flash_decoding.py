@@ -15,21 +15,7 @@ import math
 
 import torch
 
-
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., N, d), got {tuple(t.shape)}")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(
-            f"q, k, v must have the same leading dims, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same head dim d, got {q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of keys Nk, got {k.shape[-2]} and {v.shape[-2]}")
+from course.reference import check_attention_inputs
 
 
 # §8.4 step 1: cut the keys (dim -2) into num_splits contiguous segments of near-equal length,
@@ -56,7 +42,7 @@ def attention_partial(
 
     q: (..., Nq, d), k_seg: (..., n, d), v_seg: (..., n, dv), scale (None = 1/sqrt(d)).
     Returns o: (..., Nq, dv) normalised over this segment, and lse: (..., Nq)."""
-    _check_qkv(q, k_seg, v_seg)
+    check_attention_inputs(q, k_seg, v_seg)
     raise NotImplementedError
 
 
@@ -77,5 +63,5 @@ def flash_decode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flash-Decoding attention (no mask). q: (..., Nq, d) (Nq is 1 when decoding),
     k: (..., Nk, d), v: (..., Nk, dv). Returns o: (..., Nq, dv) and lse: (..., Nq)."""
-    _check_qkv(q, k, v)
+    check_attention_inputs(q, k, v)
     raise NotImplementedError

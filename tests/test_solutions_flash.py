@@ -197,7 +197,7 @@ def test_forward_bad_shapes_give_one_line_errors(args, match):
     with pytest.raises(ValueError, match=match) as info:
         flash_forward(q, k, v)
     assert "\n" not in str(info.value), "errors are one line"
-    with pytest.raises(ValueError, match="positive ints"):
+    with pytest.raises(ValueError, match="block_q must be a positive int"):
         flash_forward(torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4, 8), block_q=0)
 
 
