@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,19 +10,16 @@ import pytest
 
 from course import likesworld
 
+from lecture_programs import run_program
+
 ROOT = Path(__file__).resolve().parents[1]
-PROGRAM = ROOT / "code" / "lecture05" / "01_attention.py"
 FIGURES = ROOT / "code" / "lecture05" / "figures"
 
 
 @pytest.fixture(scope="module")
 def run() -> tuple[str, float]:
-    # Run as a student would (from the repo root, no PYTHONPATH): the program must find its imports.
     started = time.time()
-    proc = subprocess.run([sys.executable, str(PROGRAM)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
-    assert proc.returncode == 0, f"01_attention.py failed:\n{proc.stderr[-3000:]}"
-    return proc.stdout, started
+    return run_program("01_attention.py"), started
 
 
 @pytest.fixture(scope="module")

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-PROGRAM = ROOT / "code" / "lecture05" / "02_softmax.py"
+from lecture_programs import load_program, run_program
+
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -26,19 +22,13 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def program():
-    spec = importlib.util.spec_from_file_location("lecture05_02_softmax", PROGRAM)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_program("02_softmax.py")
 
 
 @pytest.fixture(scope="module")
 def output() -> str:
     # Run as a student would (from the repo root, no PYTHONPATH): the program must find its imports.
-    proc = subprocess.run([sys.executable, str(PROGRAM)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
-    assert proc.returncode == 0, f"02_softmax.py failed:\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    return run_program("02_softmax.py", timeout=120)
 
 
 def test_prints_every_demo(output):

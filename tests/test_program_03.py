@@ -6,22 +6,16 @@ check that the printed values are the lecture's and that the closed-form rows sa
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PROGRAM = ROOT / "code" / "lecture05" / "03_flash_on_gpusim.py"
+from lecture_programs import run_program
+
 
 
 @pytest.fixture(scope="module")
 def output() -> str:
-    proc = subprocess.run([sys.executable, str(PROGRAM)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
-    assert proc.returncode == 0, f"03_flash_on_gpusim.py failed:\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    return run_program("03_flash_on_gpusim.py")
 
 
 def row(output: str, label: str) -> str:

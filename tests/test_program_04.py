@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from course.reference import causal_mask
 
-ROOT = Path(__file__).resolve().parents[1]
-PROGRAM = ROOT / "code" / "lecture05" / "04_backward.py"
+from lecture_programs import load_program, run_program
+
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -27,18 +23,12 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def program():
-    spec = importlib.util.spec_from_file_location("lecture05_04_backward", PROGRAM)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_program("04_backward.py")
 
 
 @pytest.fixture(scope="module")
 def output() -> str:
-    proc = subprocess.run([sys.executable, str(PROGRAM)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
-    assert proc.returncode == 0, f"04_backward.py failed:\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    return run_program("04_backward.py")
 
 
 def test_prints_every_demo(output):

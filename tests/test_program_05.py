@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PROGRAM = ROOT / "code" / "lecture05" / "05_inference.py"
+from lecture_programs import run_program
+
 
 
 @pytest.fixture(scope="module")
 def output() -> str:
-    proc = subprocess.run([sys.executable, str(PROGRAM), "--buggy-cache"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
-    assert proc.returncode == 0, f"05_inference.py failed:\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    return run_program("05_inference.py", "--buggy-cache")
 
 
 def _cells(line: str) -> list[str]:
