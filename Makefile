@@ -52,17 +52,17 @@ bench: $(STAMP)
 	$(PY) -m benchmarks $(BENCH)
 
 autograde: $(STAMP)
-	$(PY) -m autograder.batch $(SUBMISSIONS) --out $(OUT)
+	$(PY) -m instructor.batch $(SUBMISSIONS) --out $(OUT)
 
 gradescope: $(STAMP)
-	$(PY) -m autograder.gradescope build --out build/gradescope-autograder.zip
+	$(PY) -m instructor.gradescope build --out build/gradescope-autograder.zip
 
 release: $(STAMP)
-	$(PY) -m autograder.release --out $(RELEASE_DIR)
+	$(PY) -m instructor.release --out $(RELEASE_DIR)
 
 starter: $(STAMP)
-	$(PY) -m autograder.make_starter
-	$(PY) -m autograder.make_notebook
+	$(PY) -m instructor.make_starter
+	$(PY) -m instructor.make_notebook
 
 checkpoint: $(STAMP)
 	$(PY) -m course.tiny_transformer train

@@ -3,7 +3,7 @@ sandboxed, one judge per core (2 here). Reports submissions per minute and the s
 
     python -m benchmarks.bench_autograde [--n 40] [--jobs 2] [--parts 1,2,...] [--sets public,hidden]
 
-The mix: a quarter correct (solutions/), half buggy (the mutation catalogue autograder/mutations/*.toml
+The mix: a quarter correct (solutions/), half buggy (the mutation catalogue instructor/mutations/*.toml
 applied to solutions/, cycling through it), a quarter hostile (the red-team corpus, cycling). Limits
 are the rubric's (20 s per call, ...), as in a real batch.
 
@@ -30,16 +30,16 @@ from typing import Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autograder import redteam  # noqa: E402
-from autograder.batch import Options, run_batch  # noqa: E402
-from autograder.intake import all_graded_files  # noqa: E402
-from autograder.sandbox import detect  # noqa: E402
+from instructor import redteam  # noqa: E402
+from instructor.batch import Options, run_batch  # noqa: E402
+from instructor.intake import all_graded_files  # noqa: E402
+from instructor.sandbox import detect  # noqa: E402
 
 
 def make_submissions(dest: Path, n: int) -> dict[str, str]:
     """n submissions in dest: {name: kind}. Kinds: correct, buggy:<mutation>, hostile:<attack>."""
     files = all_graded_files()
-    mutations = sorted((ROOT / "autograder" / "mutations").glob("*.toml"))
+    mutations = sorted((ROOT / "instructor" / "mutations").glob("*.toml"))
     corpus_dir = dest.parent / "corpus"
     attacks = [a for a in redteam.assemble(corpus_dir, honest=False)]
     n_correct, n_hostile = n // 4, n // 4

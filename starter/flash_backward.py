@@ -1,4 +1,4 @@
-# Generated from solutions/flash_backward.py by `make starter` (python -m autograder.make_starter): edit there, not here.
+# Generated from solutions/flash_backward.py by `make starter` (python -m instructor.make_starter): edit there, not here.
 """Part 4: the FlashAttention backward pass with recomputation, and its autograd.Function (§7).
 
 The forward saved only q, k, v, o and lse (one number per query row). The backward recomputes

@@ -1,4 +1,4 @@
-# Generated from solutions/flash_decoding.py by `make starter` (python -m autograder.make_starter): edit there, not here.
+# Generated from solutions/flash_decoding.py by `make starter` (python -m instructor.make_starter): edit there, not here.
 """Part 6: Flash-Decoding, attention split along the keys (lecture §8.4).
 
 A decode step has one query per sequence, so FA2 has only (batch × heads) thread blocks.

@@ -1,4 +1,4 @@
-# Generated from solutions/flash_forward.py by `make starter` (python -m autograder.make_starter): edit there, not here.
+# Generated from solutions/flash_forward.py by `make starter` (python -m instructor.make_starter): edit there, not here.
 """Part 2: the FlashAttention-2 forward pass in PyTorch (lecture §5.1, §6.2, §6.3).
 
 Tiles of B_r query rows (outer loop) meet tiles of B_c key/value rows (inner loop); each tile's

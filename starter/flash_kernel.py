@@ -1,4 +1,4 @@
-# Generated from solutions/flash_kernel.py by `make starter` (python -m autograder.make_starter): edit there, not here.
+# Generated from solutions/flash_kernel.py by `make starter` (python -m instructor.make_starter): edit there, not here.
 """Part 3: the FlashAttention-2 forward as a CUDA-style kernel on the simulated GPU (§5.2–§6.2).
 
 Each thread block owns B_r query rows (one Q block) and each of its B_r threads owns ONE query

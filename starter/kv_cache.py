@@ -1,4 +1,4 @@
-# Generated from solutions/kv_cache.py by `make starter` (python -m autograder.make_starter): edit there, not here.
+# Generated from solutions/kv_cache.py by `make starter` (python -m instructor.make_starter): edit there, not here.
 """Part 5: the KV cache and cached greedy generation for the tiny transformer (lecture §8.2).
 
 At decode step t the keys and values of the earlier tokens are exactly those of the previous

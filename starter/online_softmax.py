@@ -1,4 +1,4 @@
-# Generated from solutions/online_softmax.py by `make starter` (python -m autograder.make_starter): edit there, not here.
+# Generated from solutions/online_softmax.py by `make starter` (python -m instructor.make_starter): edit there, not here.
 """Part 1: three softmaxes and the merge ⊕ (lecture §4).
 
 All softmaxes work over the last dim of a tensor of any shape. A summary of a row segment is

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import intake
-from autograder.batch import Options, merge, run_batch, student_view
-from autograder.sandbox import SECRET_PATHS, Sandbox, detect, no_fork_filter
+from instructor import intake
+from instructor.batch import Options, merge, run_batch, student_view
+from instructor.sandbox import SECRET_PATHS, Sandbox, detect, no_fork_filter
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = intake.all_graded_files()
@@ -271,7 +271,7 @@ def test_student_view_hides_hidden_details_and_truncates_output():
 
 def test_the_cli_refuses_bad_arguments(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "autograder.batch", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "instructor.batch", *args], capture_output=True, text=True,
                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
 
     r = run(str(tmp_path / "nope"), "--out", str(tmp_path / "o"))

@@ -1,7 +1,7 @@
 """The judge-side recognisers of known attention bugs (autograder/tests/diagnose.py), in-process.
 
 1. The recognisers' correct variants agree with course.reference and torch autograd (float64).
-2. For every value-level mutation of parts 2, 4 and 6 in autograder/mutations/, the mutant (the
+2. For every value-level mutation of parts 2, 4 and 6 in instructor/mutations/, the mutant (the
    reference solution with that bug, imported here from a temp folder) is recognised: the diagnosis
    of its output contains the mutation's hint.
 3. No false positives: noise on a correct output gets the concept hint, not a bug's name.
@@ -26,7 +26,7 @@ from autograder.tests import diagnose as dg
 from course.reference import attention_plain, attention_reference
 
 ROOT = Path(__file__).resolve().parent.parent
-MUTATIONS = ROOT / "autograder" / "mutations"
+MUTATIONS = ROOT / "instructor" / "mutations"
 
 
 
@@ -379,7 +379,7 @@ def alternative(tmp_path_factory):
 
 
 def _public(name: str):
-    spec = importlib.util.spec_from_file_location(f"_public_{name}", ROOT / "autograder" / "tests" / "public" / name)
+    spec = importlib.util.spec_from_file_location(f"_public_{name}", ROOT / "autograder" / "tests" / name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -68,20 +68,22 @@ def test_other(student, n):
     check(student.call("other.double", n) == 2 * n, what="double(n)")
 '''
 
-HIDDEN_TESTS = '''
-import pytest, torch
-from autograder.engine import check_close
-pytestmark = pytest.mark.part1
+HIDDEN_ONLY_TESTS = '''
+from autograder.engine.cases import cases
 
-@pytest.mark.parametrize("secret", [41, 43], ids=["secret41", "secret43"])
-def test_hidden_add(student, secret):
-    x = torch.full((3,), float(secret))
+@cases()  # hidden cases only
+def test_hidden_add(student, case):
+    x = torch.full((3,), float(case))
     check_close(student.call("probe.add", x, 1.0), x.double() + 2, what="add(x, 1) on a hidden input",
                 inputs={"x": x}, hint="add one")
 
-@pytest.mark.parametrize("how", ["raise", "exit"])
-def test_hidden_leak(student, how):
-    student.call("probe.leak", torch.full((2,), 41.0), how)
+@cases()
+def test_hidden_leak(student, case):
+    student.call("probe.leak", torch.full((2,), 41.0), case)
+'''
+
+HIDDEN_CASES = '''
+HIDDEN = {"test_hidden_add": [41, 43], "test_hidden_leak": ["raise", "exit"]}
 '''
 
 HOSTILE_PROBE = '''
@@ -196,13 +198,13 @@ def write(folder: Path, files: dict[str, str]) -> Path:
 def probe(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("probe")
     write(root, {"rubric.toml": RUBRIC})
-    write(root / "tests" / "public", {"test_part1_probe.py": PUBLIC_TESTS, "test_part2_other.py": PART2_TESTS})
-    write(root / "tests" / "hidden", {"test_part1_probe_hidden.py": HIDDEN_TESTS})
-    return {"root": root, "rubric": root / "rubric.toml", "tests": root / "tests"}
+    write(root / "tests", {"test_part1_probe.py": PUBLIC_TESTS + HIDDEN_ONLY_TESTS, "test_part2_other.py": PART2_TESTS})
+    write(root / "hidden", {"part1_probe.py": HIDDEN_CASES})
+    return {"root": root, "rubric": root / "rubric.toml", "tests": root / "tests", "hidden": root / "hidden"}
 
 
 def run(probe: dict, sub: Path, **kw) -> dict:
-    return grade(sub, rubric=probe["rubric"], tests_dir=probe["tests"], **kw)
+    return grade(sub, rubric=probe["rubric"], tests_dir=probe["tests"], hidden_dir=probe["hidden"], **kw)
 
 
 def by_name(report: dict) -> dict[str, dict]:
@@ -304,10 +306,10 @@ def test_hidden_failures_are_named_but_not_revealed(probe, tmp_path):
     sub = write(tmp_path / "sub", {"probe.py": wrong, "other.py": OTHER_OK})
     report = run(probe, sub, parts=[1], test_sets=("public", "hidden"))
     hidden = [t for t in report["tests"] if t["set"] == "hidden"]
-    assert [t["id"] for t in hidden] == ["hidden/test_part1_probe_hidden.py::test_hidden_add[0]",
-                                         "hidden/test_part1_probe_hidden.py::test_hidden_add[1]",
-                                         "hidden/test_part1_probe_hidden.py::test_hidden_leak[0]",
-                                         "hidden/test_part1_probe_hidden.py::test_hidden_leak[1]"]
+    assert [t["id"] for t in hidden] == ["hidden/test_part1_probe.py::test_hidden_add[0]",
+                                         "hidden/test_part1_probe.py::test_hidden_add[1]",
+                                         "hidden/test_part1_probe.py::test_hidden_leak[0]",
+                                         "hidden/test_part1_probe.py::test_hidden_leak[1]"]
     assert hidden[2]["message"].startswith("leak raised ValueError (probe.py:")  # not its message
     assert hidden[3]["message"].startswith("leak called sys.exit() (probe.py:")
     text = repr(hidden)
@@ -317,7 +319,7 @@ def test_hidden_failures_are_named_but_not_revealed(probe, tmp_path):
     assert "hint: add one" in hidden[0]["message"]
     # unredacted for the instructor
     full = run(probe, sub, parts=[1], test_sets=("hidden",), redact_sets=())
-    assert "secret41" in full["tests"][0]["id"] and "max abs error" in full["tests"][0]["message"]
+    assert "hidden-41" in full["tests"][0]["id"] and "max abs error" in full["tests"][0]["message"]
     assert "the input was [41.0, 41.0]" in full["tests"][2]["message"]
 
 

@@ -27,7 +27,7 @@ def merge_partial(a, b):  # an honest mistake: the outputs are added without res
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("gs") / "gradescope-autograder.zip"
-    r = subprocess.run([sys.executable, "-m", "autograder.gradescope", "build", "--out", str(out)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "instructor.gradescope", "build", "--out", str(out)], cwd=ROOT,
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert r.returncode == 0, r.stderr
     return out
@@ -39,15 +39,15 @@ def test_the_zip_has_what_gradescope_runs_and_no_solutions(built, tmp_path):
         modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
     assert {"setup.sh", "run_autograder", "requirements.txt", "requirements.lock"} <= set(names)
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
-    hidden = sorted(p.name for p in (ROOT / "autograder" / "tests" / "hidden").glob("test_*.py"))
-    public = sorted(p.name for p in (ROOT / "autograder" / "tests" / "public").glob("test_*.py"))
-    assert hidden and all(f"autograder/tests/hidden/{h}" in names for h in hidden)
-    assert public and all(f"autograder/tests/public/{p}" in names for p in public)
+    hidden = sorted(p.name for p in (ROOT / "instructor" / "hidden_tests").glob("part*.py"))
+    public = sorted(p.name for p in (ROOT / "autograder" / "tests").glob("test_*.py"))
+    assert hidden and all(f"instructor/hidden_tests/{h}" in names for h in hidden)
+    assert public and all(f"autograder/tests/{p}" in names for p in public)
     assert "autograder/engine/runner.py" in names and "course/__init__.py" in names
-    assert not [n for n in names if n.startswith(("solutions/", "starter/", "autograder/redteam/")) or "__pycache__" in n]
+    assert not [n for n in names if n.startswith(("solutions/", "starter/", "instructor/redteam/")) or "__pycache__" in n]
     # reproducible: building again gives the same bytes
     again = tmp_path / "again.zip"
-    subprocess.run([sys.executable, "-m", "autograder.gradescope", "build", "--out", str(again)], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "instructor.gradescope", "build", "--out", str(again)], cwd=ROOT,
                    check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert again.read_bytes() == built.read_bytes()
 
@@ -98,7 +98,7 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
 
 def test_a_grading_crash_still_writes_results(tmp_path, monkeypatch, capsys):
     import autograder.engine
-    from autograder.gradescope.__main__ import run
+    from instructor.gradescope.__main__ import run
 
     def broken(*args, **kwargs):
         raise RuntimeError("the grader is broken")

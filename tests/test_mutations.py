@@ -1,10 +1,10 @@
-"""The mutation catalogue (autograder/mutations/*.toml): every known bug is caught in its part,
+"""The mutation catalogue (instructor/mutations/*.toml): every known bug is caught in its part,
 with its hint in that part's feedback, and costs no other part any points.
 
 Each mutation grades only its declared part: a part that cannot reach an edited file
 (autograder/engine/deps.py) runs exactly the code it runs for the solutions, which score 100/100
 (test_grade_solutions_and_starter.py); a part that imports the edited file may lose points by
-design (`python -m autograder.engine.catalogue --full` grades those too). Grading is fail-fast,
+design (`python -m instructor.catalogue --full` grades those too). Grading is fail-fast,
 so a caught bug costs the tests up to its first failure; the catalogue is graded in 2 judge
 processes at once (AUTOGRADER_MUTATION_JOBS), each forking its workers from a pre-imported server.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.engine import catalogue as cat
+from instructor import catalogue as cat
 
 MUTATIONS = cat.all_mutations()
 

@@ -1,5 +1,5 @@
 """nbgrader channel: the whole cycle with nbgrader's own API (the code behind its CLI), on a copy of
-assignments/: generate_assignment, three collected submissions (completed, starter, and completed
+instructor/nbgrader_course/: generate_assignment, three collected submissions (completed, starter, and completed
 with one honest bug), autograde, export (nbgrader's CSV exporter), generate_feedback. Checks that the
 points in nbgrader's gradebook are the engine's points for the same code graded as .py files.
 
@@ -19,8 +19,8 @@ import nbformat
 import pytest
 
 from autograder.engine import grade, load_rubric
-from autograder.make_notebook import NOTEBOOK, file_grade_id, part_grade_id, render
-from autograder.nbgrader_channel import extract
+from instructor.make_notebook import NOTEBOOK, file_grade_id, part_grade_id, render
+from instructor.nbgrader_channel import extract
 from autograder_minitests import MERGE_BUG, write_mini_tests
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ ASSIGNMENT = "flashattention"
 
 
 def test_the_source_notebook_is_generated_from_the_solutions():
-    assert NOTEBOOK.read_text(encoding="utf-8") == render(), "run: python -m autograder.make_notebook"
+    assert NOTEBOOK.read_text(encoding="utf-8") == render(), "run: python -m instructor.make_notebook"
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
     rubric = load_rubric()
@@ -51,8 +51,8 @@ def cycle(tmp_path_factory):
     from traitlets.config.loader import PyFileConfigLoader
 
     course = tmp_path_factory.mktemp("course")
-    shutil.copy(ROOT / "assignments" / "nbgrader_config.py", course)
-    shutil.copytree(ROOT / "assignments" / "source", course / "source")
+    shutil.copy(ROOT / "instructor" / "nbgrader_course" / "nbgrader_config.py", course)
+    shutil.copytree(ROOT / "instructor" / "nbgrader_course" / "source", course / "source")
     tests_dir = write_mini_tests(tmp_path_factory.mktemp("minitests"))
     with (course / "nbgrader_config.py").open("a") as f:
         f.write(f"\nc.EngineGrade.parts = [1]\nc.EngineGrade.test_sets = ['public']\n"

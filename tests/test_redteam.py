@@ -1,6 +1,6 @@
-"""Red team: every attack of autograder/redteam graded in ONE sandboxed batch with honest submissions.
+"""Red team: every attack of instructor/redteam graded in ONE sandboxed batch with honest submissions.
 
-The batch is the real one (autograder.batch: intake, judges, engine, sandbox). To keep it within
+The batch is the real one (instructor.batch: intake, judges, engine, sandbox). To keep it within
 the test budget it grades part 1 only, with the small test module of autograder_minitests.py (three
 tests calling naive_softmax and merge_partial through the engine's `student` proxy) instead of the
 full public suite: the attacks hook every part-1 function, so any test that calls one triggers
@@ -19,22 +19,22 @@ from pathlib import Path
 
 import pytest
 
-from autograder import redteam
-from autograder.batch import Options, run_batch
-from autograder.sandbox import detect
+from instructor import redteam
+from instructor.batch import Options, run_batch
+from instructor.sandbox import detect
 from autograder_minitests import write_mini_tests
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = {"call_timeout_s": 2, "memory_mb": 1024, "max_losses": 1, "startup_timeout_s": 60}
 HONEST = ("honest_solutions", "honest_starter", "honest_wrong")
-LISTEN_PORT = 47613  # the network attack tries this local port (see autograder/redteam/network)
+LISTEN_PORT = 47613  # the network attack tries this local port (see instructor/redteam/network)
 
 
 
 def _snapshot(root: Path) -> dict[str, str]:
     """sha256 of every file of the instructor's tree that grading must never touch."""
     out = {}
-    for top in ("solutions", "starter", "autograder", "course", "docs", "code", "tests", "assignments"):
+    for top in ("solutions", "starter", "autograder", "course", "docs", "code", "tests", "instructor"):
         for f in sorted((root / top).rglob("*")) if (root / top).exists() else []:
             if f.is_file() and "__pycache__" not in f.parts and f.stat().st_size < 50 << 20:
                 out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
@@ -187,7 +187,7 @@ def _strings(x) -> list[str]:
 
 
 def test_nothing_secret_reaches_any_feedback(red):
-    from autograder.release import canaries, solution_regions
+    from instructor.release import canaries, solution_regions
 
     tests = ROOT / "autograder" / "tests"
     public = {" ".join(ln.split()) for f in [*(ROOT / "course").rglob("*.py"), *tests.rglob("*.py")]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.release import build, canaries, scan, solution_fingerprints, solution_regions
+from instructor.release import build, canaries, scan, solution_fingerprints, solution_regions
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ["online_softmax.py", "flash_forward.py", "flash_kernel.py", "flash_backward.py", "kv_cache.py",
@@ -38,9 +38,9 @@ def test_the_release_has_the_student_files_and_nothing_secret(release):
         assert (out / "starter" / f).read_bytes() == (ROOT / "starter" / f).read_bytes()
     assert (out / "Makefile").is_file() and (out / "autograder" / "engine" / "runner.py").is_file()
     assert (out / "docs" / "handout" / "README.md").is_file() and (out / "course" / "__init__.py").is_file()
-    assert sorted(p.name for p in (out / "autograder" / "tests" / "public").glob("test_*.py")) == \
-        sorted(p.name for p in (ROOT / "autograder" / "tests" / "public").glob("test_*.py"))
-    assert not (out / "solutions").exists() and not (out / "autograder" / "tests" / "hidden").exists()
+    assert sorted(p.name for p in (out / "autograder" / "tests").glob("test_*.py")) == \
+        sorted(p.name for p in (ROOT / "autograder" / "tests").glob("test_*.py"))
+    assert not (out / "solutions").exists() and not (out / "instructor").exists()
     for tool in ("batch.py", "gradescope", "nbgrader_channel.py", "release.py", "redteam", "mutations"):
         assert not (out / "autograder" / tool).exists(), tool
     assert scan(out) == []
@@ -51,16 +51,16 @@ def test_the_scan_finds_each_kind_of_leak(release, tmp_path):
     out, _ = release
     leaky = tmp_path / "leaky"
     shutil.copytree(out, leaky)
-    hidden = sorted((ROOT / "autograder" / "tests" / "hidden").glob("test_*.py"))
+    hidden = sorted((ROOT / "instructor" / "hidden_tests").glob("part*.py"))
     assert hidden and solution_regions()
-    shutil.copy(hidden[0], leaky / "autograder" / "tests" / "public" / "copied.py")  # a hidden test, renamed
-    (leaky / "autograder" / "tests" / "hidden").mkdir()
+    shutil.copy(hidden[0], leaky / "autograder" / "tests" / "copied.py")  # a hidden test, renamed
+    (leaky / "instructor").mkdir()
     shutil.copy(ROOT / "solutions" / "online_softmax.py", leaky / "course" / "helpers.py")  # solution code
     (leaky / "notes.md").write_text("see ### BEGIN SOLUTION\n")
     token = "CANARY-TEST-0123456789ab"
     (leaky / "docs" / "x.md").write_text(f"<!-- {token} -->\n")
     problems = "\n".join(scan(leaky, extra_canaries=[token]))
-    assert "hidden-test folder is present" in problems
+    assert "instructor-only folder is present" in problems
     assert "copied.py: contains code copied from the hidden test" in problems  # renamed: found by content
     assert "course/helpers.py: contains code copied from the solution region" in problems
     assert "notes.md: contains a solution marker" in problems
@@ -69,11 +69,11 @@ def test_the_scan_finds_each_kind_of_leak(release, tmp_path):
 
 def test_canaries_are_read_from_the_list_and_the_protected_files():
     tokens = canaries()
-    planted = {t for folder in (ROOT / "solutions", ROOT / "autograder" / "tests" / "hidden")
+    planted = {t for folder in (ROOT / "solutions", ROOT / "instructor" / "hidden_tests")
                for f in folder.glob("*.py") for t in re.findall(r"CANARY-[A-Z]+-[0-9A-Za-z]{6,}", f.read_text())}
     assert planted <= set(tokens)
     if not planted:
-        pytest.skip("no CANARY-... comments planted in solutions/ or the hidden tests yet (see autograder/canaries.txt)")
+        pytest.skip("no CANARY-... comments planted in solutions/ or the hidden tests yet (see instructor/canaries.txt)")
 
 
 def test_no_run_of_solution_lines_is_counted_when_it_is_public_course_code():

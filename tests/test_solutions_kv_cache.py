@@ -68,7 +68,7 @@ def test_cached_logits_equal_recompute_at_every_step(model, chunks):
 def test_the_layer0_length_bug_is_caught_by_the_same_comparison(model):
     """The §8.2 regression: prefill exact, later steps off — the comparison above must fail."""
     src = (ROOT / "solutions" / "kv_cache.py").read_text()
-    edit = tomllib.loads((ROOT / "autograder/mutations/kv_cache_layer0_length.toml").read_text())["edit"][0]
+    edit = tomllib.loads((ROOT / "instructor/mutations/kv_cache_layer0_length.toml").read_text())["edit"][0]
     buggy = _module_from_source(src.replace(edit["old"], edit["new"]), "kv_cache_layer0_bug")
     tokens = C.example_tokens(seed=0, min_len=25)
     chunks = [5] + [1] * (tokens.shape[1] - 5)
@@ -143,7 +143,7 @@ class StandIn:
 
 def _mutated(name: str) -> StandIn:
     src = (ROOT / "solutions" / "kv_cache.py").read_text()
-    mutation = tomllib.loads((ROOT / "autograder" / "mutations" / f"{name}.toml").read_text())
+    mutation = tomllib.loads((ROOT / "instructor" / "mutations" / f"{name}.toml").read_text())
     for e in mutation["edit"]:
         assert src.count(e["old"]) == 1, f"{name}: the edit's old text must occur once"
         src = src.replace(e["old"], e["new"])

@@ -1,4 +1,4 @@
-"""starter/ is exactly what autograder.make_starter generates from solutions/, and the generator
+"""starter/ is exactly what instructor.make_starter generates from solutions/, and the generator
 keeps hints, keeps indentation, and refuses regions that are not whole statement blocks."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import make_starter as ms
+from instructor import make_starter as ms
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -639,12 +639,18 @@ class StudentProxy:
         student.source("online_softmax.py")       # the submitted text (judge-side, never executed)
     """
 
-    def __init__(self, engine: "Engine", part: int, test_id: str, timeout: float | None = None) -> None:
+    def __init__(self, engine: "Engine", part: int, test_id: str, timeout: float | None = None,
+                 test_set: str = "public") -> None:
         self._engine, self.part, self.test_id = engine, part, test_id
-        self._timeout = timeout
+        self._timeout, self.test_set = timeout, test_set
+
+    @property
+    def hidden(self) -> bool:
+        """True in a hidden case: checks then leave the inputs out of their messages."""
+        return self.test_set != "public"
 
     def with_timeout(self, seconds: float) -> "StudentProxy":
-        return StudentProxy(self._engine, self.part, self.test_id, seconds)
+        return StudentProxy(self._engine, self.part, self.test_id, seconds, self.test_set)
 
     def call(self, target: str, *args: Any, **kwargs: Any) -> Any:
         return self._engine.request(self, "call", target, args, kwargs, self._timeout)
@@ -671,6 +677,7 @@ class Engine:
         self.pool = WorkerPool(sub, modules, limits, prefix)
         self.parts: dict[int, PartState] = {}
         self.outputs: dict[str, _Output] = {}  # test id -> output of its calls
+        self.worker_set: str | None = None  # the test set the current worker has served
 
     def limits_for(self, part: int) -> Limits:
         # rubric defaults < the part's limits in the rubric < explicit overrides of grade()
@@ -695,6 +702,11 @@ class Engine:
         for f in needed:
             if f in self.sub.problems:
                 raise StudentError(self.sub.problems[f], kind="missing", target=target)
+        if self.worker_set not in (None, proxy.test_set):
+            # A worker that saw hidden inputs never serves a public call (whose output is shown),
+            # nor the other way round: no state passes between the sets, across parts too.
+            self.pool.discard(spare=False)
+        self.worker_set = proxy.test_set
         state = self.parts.setdefault(proxy.part, PartState())
         if state.losses >= limits.max_losses:
             raise StudentError(f"not run: the worker already timed out or crashed {state.losses} times in part "

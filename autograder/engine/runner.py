@@ -22,13 +22,15 @@ from typing import Any, Iterable, Sequence
 
 import pytest
 
+from . import cases as case_sets
 from . import static
 from .checks import CheckFailure
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
     prepare_submission
 from .rubric import Rubric, load_rubric
 
-DEFAULT_TESTS_DIR = AUTOGRADER_DIR / "tests"
+DEFAULT_TESTS_DIR = AUTOGRADER_DIR / "tests"  # the test functions and their public cases (shipped)
+DEFAULT_HIDDEN_DIR = REPO_ROOT / "instructor" / "hidden_tests"  # hidden cases (instructor only)
 TEST_SETS = ("public", "hidden")
 PLUGIN_NAME = "autograder-engine"
 _PART_MARK = re.compile(r"^part(\d+)$")
@@ -38,8 +40,10 @@ class GradingPlugin:
     """The judge's pytest plugin for one grading run."""
 
     def __init__(self, engine: Engine, rubric: Rubric, parts: Sequence[int], tests_dir: Path,
-                 redact_sets: Iterable[str] = ("hidden",), fail_fast: bool = False) -> None:
+                 redact_sets: Iterable[str] = ("hidden",), fail_fast: bool = False,
+                 test_sets: Iterable[str] = ("public",), hidden_dir: Path | None = None) -> None:
         self.engine, self.rubric, self.parts, self.tests_dir = engine, rubric, list(parts), tests_dir
+        self.test_sets, self.hidden_dir = set(test_sets), hidden_dir
         self.redact_sets = set(redact_sets)
         self.fail_fast = fail_fast
         self.failed_parts: set[int] = set()
@@ -61,17 +65,32 @@ class GradingPlugin:
             text = str(report.longrepr).strip().splitlines()
             self.errors.append(f"collection error in {report.nodeid or 'the tests'}: {text[-1] if text else ''}")
 
-    def _test_set(self, item: pytest.Item) -> str:
-        try:
-            rel = Path(str(item.path)).resolve().relative_to(self.tests_dir.resolve())
-            return rel.parts[0] if len(rel.parts) > 1 else "public"
-        except ValueError:
-            return "public"
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        case_sets.parametrize(metafunc, self.test_sets, self.hidden_dir)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if "hidden" not in self.test_sets or self.hidden_dir is None:
+            return
+        by_file: dict[Path, set[str]] = {}
+        for item in session.items:
+            by_file.setdefault(Path(str(item.path)), set()).add(getattr(item, "originalname", None) or item.name)
+        for path, names in by_file.items():
+            for name in case_sets.unknown_hidden_names(self.hidden_dir, path, names):
+                self.errors.append(f"hidden cases for {name!r} in {case_sets.hidden_module_path(self.hidden_dir, path).name}"
+                                   f" match no test of {path.name}")
+
+    @staticmethod
+    def _test_set(item: pytest.Item) -> str:
+        mark = item.get_closest_marker(case_sets.SET_MARK)
+        return mark.args[0] if mark else "public"
 
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
                                       items: list[pytest.Item]) -> None:
         keep, drop = [], []
         for item in items:
+            if item.get_closest_marker(case_sets.NO_CASES_MARK) is not None or self._test_set(item) not in self.test_sets:
+                drop.append(item)  # a hidden-only test while the hidden set is not graded, or the reverse
+                continue
             parts = [p for m in item.iter_markers() if (p := self.rubric.part_of_marker(m.name))]
             numbers = sorted({p.number for p in parts})
             if len(numbers) != 1:
@@ -86,7 +105,9 @@ class GradingPlugin:
             item.stash[_INFO] = info
             keep.append(item)
         set_rank = {s: i for i, s in enumerate(TEST_SETS)}
-        keep.sort(key=lambda it: (it.stash[_INFO]["part"], set_rank.get(it.stash[_INFO]["set"], 9),
+        # every public test before any hidden one: a worker that has seen a hidden input is then
+        # replaced once and never serves a public test (Engine.request)
+        keep.sort(key=lambda it: (set_rank.get(it.stash[_INFO]["set"], 9), it.stash[_INFO]["part"],
                                   it.stash[_INFO]["order"]))
         if drop:
             config.hook.pytest_deselected(items=drop)
@@ -102,7 +123,7 @@ class GradingPlugin:
         info = request.node.stash.get(_INFO, None)
         if info is None:
             raise RuntimeError("test bug: the student fixture is only for tests with a part marker")
-        return StudentProxy(self.engine, info["part"], info["nodeid"])
+        return StudentProxy(self.engine, info["part"], info["nodeid"], test_set=info["set"])
 
     # -- outcomes ------------------------------------------------------------------------
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -358,7 +379,7 @@ def _grade_in_processes(impl_dir: Any, numbers: list[int], jobs: int, kwargs: di
 def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
           test_sets: Sequence[str] = ("public",), worker_prefix: WorkerPrefix = None,
           rubric: str | os.PathLike | None = None, tests_dir: str | os.PathLike | None = None,
-          redact_sets: Iterable[str] = ("hidden",), limits: dict | None = None,
+          hidden_dir: str | os.PathLike | None = None, redact_sets: Iterable[str] = ("hidden",), limits: dict | None = None,
           fail_fast: bool = False, jobs: int = 1) -> dict:
     """Grade the implementation folder `impl_dir` and return the report dict (JSON-serialisable).
 
@@ -376,7 +397,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
     numbers_all = sorted(set(parts)) if parts else load_rubric(rubric).numbers
     if jobs > 1 and len(numbers_all) > 1:
         kwargs = dict(test_sets=tuple(test_sets), worker_prefix=worker_prefix, rubric=rubric, tests_dir=tests_dir,
-                      redact_sets=tuple(redact_sets), limits=limits, fail_fast=fail_fast)
+                      hidden_dir=hidden_dir, redact_sets=tuple(redact_sets), limits=limits, fail_fast=fail_fast)
         return _grade_in_processes(impl_dir, numbers_all, min(jobs, len(numbers_all)), kwargs, started)
     rubric_obj = load_rubric(rubric)
     tests_path = Path(tests_dir or DEFAULT_TESTS_DIR).resolve()
@@ -390,14 +411,10 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
     if not impl.is_dir():
         raise FileNotFoundError(f"{impl_dir} is not a folder; pass the folder that holds the graded files")
     errors: list[str] = []
-    files: list[str] = []
-    for s in test_sets:
-        d = tests_path / s
-        if not d.is_dir():
-            errors.append(f"the {s} tests are not in this copy ({d} is missing)")
-            continue
-        for n in numbers:
-            files += [str(p) for p in sorted(d.glob(f"test_part{n}_*.py"))]
+    hidden_path = Path(hidden_dir or DEFAULT_HIDDEN_DIR).resolve()
+    if "hidden" in test_sets and not hidden_path.is_dir():
+        errors.append(f"the hidden tests are not in this copy ({hidden_path} is missing)")
+    files = [str(p) for n in numbers for p in sorted(tests_path.glob(f"test_part{n}_*.py"))]
 
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         sub = prepare_submission(impl, rubric_obj.all_files(), Path(tmp))
@@ -410,7 +427,8 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                 refused[n] = static.refusal(found)
         base = Limits().updated(**rubric_obj.defaults).updated(**(limits or {}))
         engine = Engine(sub, rubric_obj, base, worker_prefix, refused, overrides=limits or {})
-        plugin = GradingPlugin(engine, rubric_obj, numbers, tests_path, redact_sets, fail_fast)
+        plugin = GradingPlugin(engine, rubric_obj, numbers, tests_path, redact_sets, fail_fast, test_sets,
+                               hidden_path if hidden_path.is_dir() else None)
         try:
             if files:
                 engine.pool.warm_up()  # torch is imported for the worker while pytest collects

@@ -3,9 +3,10 @@
 Under `python -m autograder.grade` (or autograder.engine.grade) the engine's plugin provides the
 `student` fixture. For working on the tests themselves, plain pytest works too:
 
-    .venv/bin/python -m pytest autograder/tests/public -p no:cacheprovider --impl solutions -m part1
+    .venv/bin/python -m pytest autograder/tests -p no:cacheprovider --impl solutions -m part1
 
-which grades `--impl` (default: solutions) through the same engine and shows pytest's own output.
+which grades `--impl` (default: solutions/ where it exists, else starter/) with the public cases
+through the same engine, and shows pytest's own output (add --hidden for the hidden cases).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ _TESTS_DIR = Path(__file__).resolve().parent
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--impl", default=None, help="implementation folder to test (stand-alone mode)")
+    parser.addoption("--hidden", action="store_true", help="also the hidden cases (instructor copy only)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,7 +37,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{part.marker}: tests of part {part.number} ({part.name})")
     if any(isinstance(p, GradingPlugin) for p in config.pluginmanager.get_plugins()):
         return  # run by the engine
-    impl = config.getoption("--impl", default=None) or "solutions"
+    root = _TESTS_DIR.parent.parent
+    impl = config.getoption("--impl", default=None) or str(root / "solutions" if (root / "solutions").is_dir()
+                                                           else root / "starter")
     config.pluginmanager.register(_standalone_plugin(config, rubric, impl), "autograder-standalone")
 
 
@@ -44,7 +48,7 @@ def _standalone_plugin(config: pytest.Config, rubric, impl: str):
 
     from autograder.engine import static
     from autograder.engine.judge import Engine, Limits, prepare_submission
-    from autograder.engine.runner import GradingPlugin
+    from autograder.engine.runner import DEFAULT_HIDDEN_DIR, GradingPlugin
 
     tmp = Path(tempfile.mkdtemp(prefix="grade-standalone-"))
     sub = prepare_submission(Path(impl), rubric.all_files(), tmp)
@@ -55,7 +59,9 @@ def _standalone_plugin(config: pytest.Config, rubric, impl: str):
         if found:
             refused[part.number] = static.refusal(found)
     engine = Engine(sub, rubric, Limits().updated(**rubric.defaults), None, refused)
-    plugin = GradingPlugin(engine, rubric, rubric.numbers, _TESTS_DIR)
+    sets = ("public", "hidden") if config.getoption("--hidden") else ("public",)
+    plugin = GradingPlugin(engine, rubric, rubric.numbers, _TESTS_DIR, test_sets=sets,
+                           hidden_dir=DEFAULT_HIDDEN_DIR if DEFAULT_HIDDEN_DIR.is_dir() else None)
 
     def close() -> None:
         engine.close()

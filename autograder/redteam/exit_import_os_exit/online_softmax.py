@@ -1,6 +1,0 @@
-# Red-team attack. `python -m autograder.redteam assemble DIR` lays the block below over the
-# current starter/online_softmax.py (everything above the marker is replaced by it).
-# ---- red-team attack (autograder/redteam): everything below is the attack ----
-import os as _os
-
-_os._exit(0)

@@ -1,1 +1,0 @@
-"""Public assignment tests (in the student release)."""

@@ -1,0 +1,61 @@
+"""Part 3 public tests: the flash kernel on the simulated GPU (cases and checks in cases_part3.py)."""
+import pytest
+
+from autograder.engine.cases import cases
+
+from autograder.tests import cases_part3 as C
+
+pytestmark = pytest.mark.part3
+
+# Values: ragged N (not a multiple of the blocks), Nq != Nk both ways with causal (bottom-right
+# alignment; Nq > Nk gives fully masked rows), several heads, B_r != B_c.
+OUTPUTS = [
+    C.KernelCase(nq=64, nk=64, d=32, block_rows=32, block_cols=32, seed=1),
+    C.KernelCase(nq=100, nk=100, d=16, causal=True, block_rows=32, block_cols=48, seed=2),
+    C.KernelCase(nq=113, nk=203, d=16, causal=True, block_rows=32, block_cols=64, seed=3),
+    C.KernelCase(nq=203, nk=113, d=16, causal=True, block_rows=64, block_cols=32, seed=4),
+    C.KernelCase(lead=(2, 3), nq=40, nk=56, d=8, block_rows=16, block_cols=16, seed=5),
+]
+# Exact DRAM bytes: the lecture's shape (N = 256, d = 64, B = 64: 656,384 bytes with no cache,
+# 263,168 with an ideal cache) and a ragged one.
+DRAM = [
+    C.KernelCase(nq=256, nk=256, d=64, seed=6),
+    C.KernelCase(nq=100, nk=100, d=32, block_rows=32, block_cols=48, seed=7),
+]
+# Causal skipping: N = 256, B = 64 reads 10 of 16 block pairs (327,680 of 524,288 K/V bytes).
+CAUSAL = [
+    C.KernelCase(nq=256, nk=256, d=64, causal=True, seed=8),
+    C.KernelCase(nq=96, nk=160, d=16, causal=True, block_rows=32, block_cols=32, seed=9),
+]
+# Races need >= 2 warps per block and >= 2 K/V blocks.
+RACE = C.KernelCase(nq=130, nk=130, d=16, block_rows=64, block_cols=32, seed=10)
+
+
+@cases(C.KernelCase(nq=128, nk=128, d=32, causal=True, seed=11))
+def test_global_memory_only_q_k_v_o_l(student, case):
+    C.check_only_qkvol(student, case)
+
+
+@cases(RACE)
+def test_no_shared_memory_race(student, case):
+    C.check_no_race(student, case)
+
+
+@cases(*OUTPUTS)
+def test_outputs(student, case):
+    C.check_outputs(student, case)
+
+
+@cases(*DRAM)
+def test_dram_bytes_no_cache(student, case):
+    C.check_dram(student, case, "no_cache")
+
+
+@cases(*DRAM)
+def test_dram_bytes_ideal_cache(student, case):
+    C.check_dram(student, case, "ideal_cache")
+
+
+@cases(*CAUSAL)
+def test_causal_block_skipping(student, case):
+    C.check_causal_skipping(student, case)

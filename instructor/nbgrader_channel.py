@@ -1,0 +1,177 @@
+"""nbgrader channel: submitted notebooks are graded by the SAME engine as `make grade`.
+
+Design (the engine, not the notebook kernel, decides the points):
+- The source notebook (instructor/make_notebook.py) has one solution cell per graded file and one
+  locked autograded test cell per part, worth the rubric's points.
+- instructor/nbgrader_course/nbgrader_config.py replaces nbgrader's `Execute` preprocessor in
+  `Autograde.autograde_preprocessors` with `EngineGrade` below. So `nbgrader autograde` runs its
+  usual pipeline (sanitize: clear outputs, restore locked cells from the source, check metadata;
+  then grade, limit output, save grades to the gradebook, late penalties), except that nothing of
+  the student's runs in a kernel on the instructor's machine. EngineGrade takes the code of the
+  solution cells, writes the graded .py files (`extract`), grades them with
+  autograder.engine.grade (public + hidden tests, workers in the sandbox of instructor/sandbox.py)
+  and writes into each part's test cell the engine's feedback for that part plus an
+  execute_result holding the points. nbgrader's SaveAutoGrades reads that number as the cell's
+  partial credit, so the gradebook, `nbgrader export` and `nbgrader generate_feedback` all show
+  the engine's points and messages.
+- If the engine cannot run, every test cell gets an error output: 0 points, never free points.
+
+    python -m instructor.nbgrader_channel extract NOTEBOOK --out DIR   # the .py files of a notebook
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbformat.v4 import new_output
+from traitlets import Dict, List, Unicode
+
+from . import intake
+from .make_notebook import file_grade_id, part_grade_id
+
+try:  # nbgrader is only needed for the preprocessor (extract works without it)
+    from nbgrader.preprocessors import NbGraderPreprocessor
+except ImportError:  # pragma: no cover
+    NbGraderPreprocessor = object  # type: ignore[assignment,misc]
+
+
+def extract(nb: nbformat.NotebookNode, dest: Path, graded: list[str] | None = None) -> dict[str, str]:
+    """Write the graded files held by the notebook's solution cells into `dest`.
+
+    Returns {file: problem} for files that could not be taken (missing cell, bad content); the
+    engine then scores those parts 0 with a "missing" reason."""
+    graded = graded or intake.all_graded_files()
+    by_id = {file_grade_id(f): f for f in graded}
+    found: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        name = by_id.get(meta.get("grade_id", ""))
+        if cell.get("cell_type") != "code" or not meta.get("solution") or name is None:
+            continue
+        source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+        first, _, rest = source.partition("\n")
+        if first.strip().startswith("%%writefile"):  # the cell magic that writes the file
+            source = rest
+        if name in found:
+            problems[name] = "two cells hold this file"
+        found[name] = source
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in graded:
+        if name not in found:
+            problems.setdefault(name, f"the notebook has no solution cell for {name}")
+            continue
+        data = found[name].encode("utf-8")
+        why = intake.check_source(name, data)
+        if why:
+            problems[name] = why
+            continue
+        (dest / name).write_bytes(data)
+    dest.chmod(0o755)
+    return problems
+
+
+def part_feedback(part: dict, tests: list[dict], notes: list[str]) -> str:
+    """The text shown under a part's test cell: the points, the tests by name (hidden ones named,
+    not revealed), and the part's lines of `make grade`'s feedback (the engine's renderer)."""
+    from autograder.engine.feedback import part_lines
+
+    lines = [f"Part {part['part']}: {part['points']:g} / {part['max_points']:g} points "
+             f"({part['passed']}/{part['total']} tests passed) — graded by the course's engine", *notes]
+    lines += [f"  {'passed' if t['outcome'] == 'passed' else 'FAILED':6} {t['id']}" for t in tests]
+    details = part_lines(part)
+    if details:
+        lines += [""] + details
+    return "\n".join(lines) + "\n"
+
+
+class EngineGrade(NbGraderPreprocessor):
+    """nbgrader preprocessor: grade the notebook's code with autograder.engine.grade and put each
+    part's points and feedback into its autograded test cell (replaces kernel execution)."""
+
+    test_sets = List(["public", "hidden"], help="engine test sets").tag(config=True)
+    parts = List([], help="part numbers to grade (default: all in the rubric)").tag(config=True)
+    limits = Dict({}, help="engine limit overrides, e.g. {'call_timeout_s': 10}").tag(config=True)
+    sandbox = Unicode("auto", help="auto (bubblewrap if it works, else rlimits only) or rlimits").tag(config=True)
+    tests_dir = Unicode("", help="another assignment-tests folder (default: autograder/tests)").tag(config=True)
+
+    def preprocess(self, nb: nbformat.NotebookNode, resources: dict) -> tuple[nbformat.NotebookNode, dict]:
+        test_cells = {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
+                      if c.get("cell_type") == "code" and c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+        student = resources.get("nbgrader", {}).get("student", "?")
+        try:
+            report = self._grade(nb)
+        except Exception:  # noqa: BLE001 -- fail closed: 0 points with a reason
+            self.log.error("engine grading failed for %s:\n%s", student, traceback.format_exc())
+            for cell in test_cells.values():
+                cell.outputs = [new_output("error", ename="GradingError", evalue="the grading engine failed "
+                                           "on this notebook; the instructor has the details", traceback=[])]
+            return nb, resources
+        for row in report["parts"]:
+            cell = test_cells.get(part_grade_id(row["part"]))
+            if cell is None:
+                continue
+            tests = [t for t in report["tests"] if t["part"] == row["part"]]
+            max_points = float(cell.metadata["nbgrader"]["points"])
+            points = min(max(float(row["points"]), 0.0), max_points)
+            cell.outputs = [
+                new_output("stream", name="stdout", text=part_feedback(row, tests, report["notes"].get(row["part"], []))),
+                new_output("execute_result", data={"text/plain": repr(round(points, 4))}, execution_count=None),
+            ]
+            cell.execution_count = None
+        graded = {part_grade_id(r["part"]) for r in report["parts"]}
+        for gid, cell in test_cells.items():  # parts not graded in this run (EngineGrade.parts)
+            if gid not in graded:
+                cell.outputs = [new_output("error", ename="NotGraded", evalue="this part was not graded in this run",
+                                           traceback=[])]
+        self.log.info("engine grade for %s: %s / %s (sandbox: %s)", student, report["total"], report["max_total"],
+                      report["sandbox"])
+        return nb, resources
+
+    def _grade(self, nb: nbformat.NotebookNode) -> dict:
+        from .batch import UID_BASE, student_view
+        from autograder.engine import grade, load_rubric
+        from .sandbox import detect
+
+        rubric = load_rubric()
+        box = detect("rlimits" if self.sandbox == "rlimits" else "auto")
+        with tempfile.TemporaryDirectory(prefix="nbgrader-engine-") as tmp:
+            problems = extract(nb, Path(tmp) / "files", rubric.all_files())
+            report = grade(Path(tmp) / "files", parts=[int(p) for p in self.parts] or None,
+                           test_sets=tuple(self.test_sets), worker_prefix=box.with_uid(UID_BASE),
+                           limits=dict(self.limits) or None,
+                           **({"tests_dir": self.tests_dir} if self.tests_dir else {}))
+        view = student_view(report)
+        view["sandbox"] = box.mode
+        notes: dict[int, list[str]] = {}
+        for p in rubric.parts:
+            notes[p.number] = [f"{f}: {problems[f]}" for f in p.files if f in problems]
+        view["notes"] = notes
+        return view
+
+    def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple[Any, dict]:  # pragma: no cover
+        return cell, resources
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m instructor.nbgrader_channel")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("extract", help="write the graded .py files held by a notebook")
+    e.add_argument("notebook", type=Path)
+    e.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    nb = nbformat.read(a.notebook, as_version=4)
+    problems = extract(nb, a.out)
+    for name, why in problems.items():
+        print(f"{name}: {why}", file=sys.stderr)
+    print(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
