@@ -54,7 +54,8 @@ def main() -> None:
 
     import torch
 
-    from autograder.engine.judge import Limits, WorkerPool, _Output, prepare_submission
+    from autograder.engine.judge import Limits, WorkerPool, prepare_submission
+    from autograder.engine.processes import _Output
 
     console = Console()
     table = Table(title="make grade IMPL=solutions (fresh interpreter)")

@@ -12,7 +12,7 @@ from typing import Any
 
 _EXPORTS = {
     "grade": "runner", "GradingPlugin": "runner",
-    "StudentError": "judge", "Limits": "judge", "StudentProxy": "judge",
+    "StudentError": "errors", "Limits": "limits", "StudentProxy": "judge",
     "CheckFailure": "checks", "check_close": "checks", "check": "checks", "unpack": "checks",
     "judge_settings": "checks", "FLOAT64_ATOL": "checks",
     "load_rubric": "rubric", "Rubric": "rubric", "RubricError": "rubric",

@@ -1,0 +1,26 @@
+"""Limits: per-call and per-worker limits of the engine (rubric [limits], per part, or grade(limits=))."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+
+@dataclass
+class Limits:
+    """Per-call and per-worker limits. All can be set per part in the rubric."""
+
+    call_timeout_s: float = 20.0  # wall time of one call, then the worker is killed and replaced
+    startup_timeout_s: float = 120.0  # worker start (imports torch); generous on a loaded machine
+    memory_mb: int = 4096  # RLIMIT_AS of the worker (torch itself maps ~0.7 GB)
+    cpu_s: int = 600  # RLIMIT_CPU of the worker, a backstop behind the wall-clock limit
+    file_size_mb: int = 64  # RLIMIT_FSIZE: the largest file the worker may write
+    output_cap_bytes: int = 4 << 20  # more output than this in one call kills the call
+    output_keep_bytes: int = 10_000  # output kept per test for the feedback
+    max_losses: int = 3  # after this many timeouts/crashes/out-of-memory calls in one part, the rest are not run
+    threads: int = 1  # torch threads in the worker: deterministic, and fair in parallel batch grading
+    fork_server: bool = True  # without worker_prefix, fork workers from a pre-imported zygote (zygote.py)
+
+    def updated(self, **overrides: Any) -> "Limits":
+        known = {k: v for k, v in overrides.items() if k in self.__dataclass_fields__}
+        return Limits(**{**self.__dict__, **known})

@@ -1,0 +1,513 @@
+"""Worker processes: started directly or forked from the zygote, spoken to over pipes, and pooled.
+
+A worker that hangs, crashes, exits, floods its output or returns something that is not plain data
+costs the call that was running (`Lost`); the pool replaces it for the next call.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from . import protocol
+from .limits import Limits
+from .paths import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT
+
+if TYPE_CHECKING:
+    from .submission import SubmissionCopy
+
+# What a worker may use: the bootstrap is the only code passed on the command line.
+_BOOTSTRAP = (
+    "import sys;sys.path[:0]=[{lib!r}];"
+    "import resource as r;"
+    "[r.setrlimit(k,(v,v)) for k,v in (({as_},{mem}),({core},0),({fsize},{fsz}),({cpu},{cpus})) if v>=0];"
+    "from autograder.engine import worker;worker.main()"
+)
+
+
+
+
+
+class Lost(Exception):
+    """The worker can no longer be used (timeout, death, output flood, garbage on the wire)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _site_dirs() -> list[str]:
+    """The judge interpreter's package folders (torch, numpy), in the judge's sys.path order."""
+    import site
+
+    import torch
+
+    dirs = [Path(p) for p in site.getsitepackages()]
+    dirs.append(Path(torch.__file__).resolve().parent.parent)
+    out: list[str] = []
+    for d in dirs:
+        s = str(d)
+        if d.is_dir() and s not in out:
+            out.append(s)
+    return out
+
+
+def _stdlib_dirs() -> list[str]:
+    return [p for p in sys.path if p and not p.endswith(("site-packages", "dist-packages"))
+            and Path(p).resolve().is_relative_to(Path(sys.base_prefix).resolve())]
+
+
+WorkerPrefix = Sequence[str] | Callable[[list[str]], Sequence[str]] | None
+
+
+class _PopenProc:
+    """A worker started directly (optionally under worker_prefix)."""
+
+    def __init__(self, argv: list[str], env: dict, cwd: str) -> None:
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  cwd=cwd, env=env, start_new_session=True, close_fds=True, bufsize=0)
+        self.pid = self.p.pid
+        self.stdin_fd, self.stdout_fd, self.stderr_fd = (self.p.stdin.fileno(), self.p.stdout.fileno(),
+                                                         self.p.stderr.fileno())
+
+    def poll(self) -> int | None:
+        return self.p.poll()
+
+    def wait(self, timeout: float) -> int:
+        return self.p.wait(timeout=timeout)
+
+    def close(self) -> None:
+        for f in (self.p.stdin, self.p.stdout, self.p.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class _ForkedProc:
+    """A worker forked by the zygote; its exit status comes from the zygote, which reaps it."""
+
+    def __init__(self, zygote: "Zygote", env: dict, cwd: str, rlimits: dict) -> None:
+        r0, w0 = os.pipe()
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        try:
+            self.pid = zygote.spawn([r0, w1, w2], {"env": env, "cwd": cwd, "rlimits": rlimits})
+        finally:
+            for fd in (r0, w1, w2):
+                os.close(fd)
+        self.zygote, self.returncode = zygote, None
+        self.stdin_fd, self.stdout_fd, self.stderr_fd = w0, r1, r2
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.status(self.pid, 0.0)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        if self.returncode is None:
+            self.returncode = self.zygote.status(self.pid, timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired("worker", timeout)
+        return self.returncode
+
+    def close(self) -> None:
+        for fd in (self.stdin_fd, self.stdout_fd, self.stderr_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _worker_env(root: Path, threads: int) -> dict:
+    return {"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TMPDIR": str(root)}
+
+
+def write_lib(lib_dir: Path, extra: Sequence[str] = ()) -> None:
+    """A private import root: the worker's own code, and links to course and autograder.scenarios."""
+    eng = lib_dir / "autograder" / "engine"
+    eng.mkdir(parents=True)
+    (lib_dir / "autograder" / "__init__.py").write_text("")
+    (eng / "__init__.py").write_text("")
+    for name in ("protocol.py", "worker.py", *extra):
+        shutil.copyfile(ENGINE_DIR / name, eng / name)
+    os.symlink(AUTOGRADER_DIR / "scenarios", lib_dir / "autograder" / "scenarios")
+    os.symlink(REPO_ROOT / "course", lib_dir / "course")
+
+
+class Zygote:
+    """The fork server (zygote.py) of this judge process; one, started on first use."""
+
+    _instance: "Zygote | None" = None
+    _failed = False
+
+    @classmethod
+    def get(cls, startup_timeout: float) -> "Zygote | None":
+        if cls._instance is not None and cls._instance.proc.poll() is None:
+            return cls._instance
+        if cls._failed:
+            return None
+        try:
+            cls._instance = cls(startup_timeout)
+        except Exception:  # noqa: BLE001 -- no fork server: workers are started directly
+            cls._failed = True
+            cls._instance = None
+        return cls._instance
+
+    def __init__(self, startup_timeout: float) -> None:
+        import atexit
+        import json
+        import socket
+        import tempfile
+
+        self._json, self._socket = json, socket
+        self.root = Path(tempfile.mkdtemp(prefix="grade-zygote-"))
+        self.lib_dir = self.root / "lib"
+        write_lib(self.lib_dir, extra=("zygote.py",))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        boot = (f"import sys;sys.path[:0]=[{str(self.lib_dir)!r}];"
+                "from autograder.engine import zygote;zygote.main()")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", boot, str(theirs.fileno())], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()], cwd=str(self.root),
+            env=_worker_env(self.root, 1), start_new_session=True, bufsize=0)
+        theirs.close()
+        self.sock = ours
+        atexit.register(self.close)
+        protocol.write_frame(self.proc.stdin.fileno(), {"config": {
+            "sys_path": [str(self.lib_dir), *_site_dirs(), *_stdlib_dirs()]}})
+        self.startup_timeout, self.startup_s = startup_timeout, None  # ready is awaited by the first spawn
+
+    def _await_ready(self) -> None:
+        if self.startup_s is not None:
+            return
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
+        ok = bool(sel.select(self.startup_timeout))
+        sel.close()
+        header = protocol.read_frame(self.proc.stdout.fileno())[0] if ok else {}
+        if not header.get("ready"):
+            self.close()
+            Zygote._failed = True
+            raise OSError("the fork server did not start")
+        self.startup_s = float(header.get("startup_s", 0.0))
+
+    def _ask(self, req: dict, fds: Sequence[int] = ()) -> dict:
+        if fds:
+            self._socket.send_fds(self.sock, [self._json.dumps(req).encode()], list(fds))
+        else:
+            self.sock.send(self._json.dumps(req).encode())
+        reply = self.sock.recv(1 << 16)
+        if not reply:
+            raise OSError("the fork server is gone")
+        return self._json.loads(reply)
+
+    def spawn(self, fds: list[int], req: dict) -> int:
+        self._await_ready()
+        return int(self._ask({"op": "spawn", **req}, fds)["pid"])
+
+    def status(self, pid: int, wait: float) -> int | None:
+        try:
+            return self._ask({"op": "status", "pid": pid, "wait": wait})["status"]
+        except OSError:
+            return -9  # the zygote died; treat its child as killed
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.sock.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+        if Zygote._instance is self:
+            Zygote._instance = None
+
+
+class Worker:
+    """One worker process, started at construction; `ready()` waits for it.
+
+    Started through the zygote (fork server) when there is no worker_prefix and
+    limits.fork_server is on, else directly as `[*prefix, python, -I, -S, -c, bootstrap]`."""
+
+    def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix) -> None:
+        import resource as rl
+
+        self.limits, self.sub = limits, sub
+        mem = limits.memory_mb << 20 if limits.memory_mb > 0 else -1
+        env = _worker_env(sub.root, limits.threads)
+        self.started = time.perf_counter()
+        zygote = Zygote.get(limits.startup_timeout_s) if prefix is None and limits.fork_server else None
+        self.proc: _PopenProc | _ForkedProc | None = None
+        if zygote is not None:
+            lib = zygote.lib_dir
+            rlimits = {"RLIMIT_AS": mem, "RLIMIT_CORE": 0, "RLIMIT_FSIZE": limits.file_size_mb << 20,
+                       "RLIMIT_CPU": limits.cpu_s}
+            try:
+                self.proc = _ForkedProc(zygote, env, str(sub.root), rlimits)
+            except OSError:  # the fork server failed: start this worker directly
+                Zygote._failed = True
+        self.forked = self.proc is not None
+        if self.proc is None:
+            lib = sub.lib_dir
+            boot = _BOOTSTRAP.format(
+                lib=str(lib), as_=rl.RLIMIT_AS, mem=mem, core=rl.RLIMIT_CORE, fsize=rl.RLIMIT_FSIZE,
+                fsz=limits.file_size_mb << 20, cpu=rl.RLIMIT_CPU, cpus=limits.cpu_s)
+            argv = [sys.executable, "-I", "-S", "-c", boot]
+            if prefix is not None:
+                paths = [str(sub.root), str(REPO_ROOT / "course"), str(AUTOGRADER_DIR / "scenarios"),
+                         str(ENGINE_DIR), sys.prefix, sys.base_prefix, *_site_dirs()]
+                argv = [*(prefix(paths) if callable(prefix) else prefix), *argv]
+            self.proc = _PopenProc(argv, env, str(sub.root))
+        self._out_fd, self._err_fd = self.proc.stdout_fd, self.proc.stderr_fd
+        for fd in (self.proc.stdin_fd, self._out_fd):  # fewer context switches for large tensors
+            try:
+                import fcntl
+
+                fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+            except OSError:
+                pass
+        os.set_blocking(self._out_fd, False)
+        os.set_blocking(self._err_fd, False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._out_fd, selectors.EVENT_READ)
+        self._sel.register(self._err_fd, selectors.EVENT_READ)
+        self._err_open = True
+        self._next_id = 0
+        self._target = "starting"
+        self.startup_s: float | None = None
+        config = {"sys_path": [str(lib), str(sub.root / "sub"), *_site_dirs(), *_stdlib_dirs()],
+                  "modules": modules, "threads": limits.threads, "preload": True,
+                  "package_dir": str(sub.package_dir), "memory_mb": limits.memory_mb}
+        try:
+            protocol.write_frame(self.proc.stdin_fd, {"config": config})
+        except OSError:
+            pass  # it died at once; ready() reports it
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def ready(self) -> None:
+        if self.startup_s is not None:
+            return
+        sink = _Output(self.limits.output_keep_bytes, self.limits.output_cap_bytes)
+        header, _ = self._read_reply(time.perf_counter() + self.limits.startup_timeout_s, sink, "starting")
+        if not header.get("ready"):
+            raise Lost("protocol", "the worker did not start properly")
+        self.startup_s = time.perf_counter() - self.started
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its whole process group
+            except (ProcessLookupError, PermissionError):
+                try:
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc.close()
+        self._sel.close()
+
+    # -- one request -----------------------------------------------------------------------
+    def request(self, op: str, target: str, args: tuple, kwargs: dict, timeout: float,
+                sink: "_Output", allowed: list[str]) -> tuple[dict, list]:
+        self.ready()
+        self._next_id += 1
+        rid = self._next_id
+        self._target = target
+        targs, bufs = protocol.encode_value([list(args), kwargs])
+        header = {"op": op, "id": rid, "target": target, "allowed": allowed,
+                  "args": targs["L"][0], "kwargs": targs["L"][1]}  # one buffer list for both
+        try:
+            protocol.write_frame(self.proc.stdin_fd, header, bufs)
+        except (BrokenPipeError, OSError):
+            raise self._death(target) from None
+        reply, buffers = self._read_reply(time.perf_counter() + timeout, sink, target, timeout)
+        if reply.get("id") != rid:
+            raise Lost("protocol", f"the worker answered out of turn during {target}")
+        self._drain(sink)
+        return reply, buffers
+
+    def _death(self, target: str) -> Lost:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return Lost("protocol", f"the worker closed its pipe during {target}")
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = "unknown"
+            if -code == signal.SIGXCPU:
+                return Lost("timeout", f"used more than {self.limits.cpu_s} s of CPU time during {target}")
+            return Lost("crash", f"worker crashed (signal {-code}, {name}) during {target}")
+        return Lost("exit", f"worker exited with status {code} during {target} (os._exit or a fatal error)")
+
+    def _read_reply(self, deadline: float, sink: "_Output", target: str,
+                    timeout: float | None = None) -> tuple[dict, list]:
+        buf = bytearray()
+        need, body_len = protocol.PREFIX_SIZE, None
+        while True:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                what = f"timed out after {timeout:g} s in {target}" if timeout else f"did not start within {self.limits.startup_timeout_s:g} s"
+                raise Lost("timeout", what)
+            for key, _ in self._sel.select(min(remaining, 0.25)):
+                if key.fd == self._err_fd:
+                    self._read_output(sink)
+                    continue
+                try:
+                    chunk = os.read(self._out_fd, max(need - len(buf), 1 << 16))
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    self._drain(sink)
+                    raise self._death(target)
+                buf += chunk
+                if body_len is None and len(buf) >= protocol.PREFIX_SIZE:
+                    try:
+                        hlen, plen = protocol.parse_prefix(bytes(buf[: protocol.PREFIX_SIZE]))
+                    except protocol.ProtocolError as e:
+                        raise Lost("protocol", f"{e} during {target}") from None
+                    body_len = (hlen, plen)
+                    need = protocol.PREFIX_SIZE + hlen + plen
+                if body_len is not None and len(buf) >= need:
+                    if len(buf) > need:
+                        raise Lost("protocol", f"the worker wrote extra bytes on the protocol pipe during {target}")
+                    hlen, plen = body_len
+                    p = protocol.PREFIX_SIZE
+                    try:
+                        view = memoryview(buf)
+                        return protocol.parse_body(bytes(view[p : p + hlen]), view[p + hlen :])
+                    except protocol.ProtocolError as e:
+                        raise Lost("protocol", f"{e} during {target}") from None
+            if self.proc.poll() is not None and not self._pending(self._out_fd):
+                self._drain(sink)
+                raise self._death(target)
+
+    @staticmethod
+    def _pending(fd: int) -> bool:
+        sel = selectors.DefaultSelector()
+        sel.register(fd, selectors.EVENT_READ)
+        try:
+            return bool(sel.select(0))
+        finally:
+            sel.close()
+
+    def _read_output(self, sink: "_Output") -> None:
+        if not self._err_open:
+            return
+        try:
+            chunk = os.read(self._err_fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self._err_open = False
+            self._sel.unregister(self._err_fd)
+            return
+        sink.add(chunk)
+        if sink.total > sink.cap:
+            raise Lost("output", f"printed more than {sink.cap >> 20} MB of output during {self._target}")
+
+    def _drain(self, sink: "_Output") -> None:
+        """Collect output already in the pipe (the worker flushes before it answers)."""
+        while self._err_open and self._pending(self._err_fd):
+            before = sink.total
+            self._read_output(sink)
+            if sink.total == before:
+                break
+
+
+class _Output:
+    """Student output of one call: the first `keep` bytes are kept, the rest only counted."""
+
+    def __init__(self, keep: int, cap: int) -> None:
+        self.keep, self.cap, self.total, self.data = keep, cap, 0, bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.keep - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+
+
+
+
+
+@dataclass
+class CallStats:
+    calls: int = 0
+    worker_starts: int = 0
+    startup_s: list[float] = field(default_factory=list)
+    call_s: float = 0.0
+
+
+class WorkerPool:
+    """One worker reused across calls; after a loss it is replaced (a spare is started at once,
+    unless the caller says no further call will need it)."""
+
+    def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix) -> None:
+        self.sub, self.modules, self.limits, self.prefix = sub, modules, limits, prefix
+        self.stats = CallStats()
+        self._worker: Worker | None = None
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = Worker(self.sub, self.modules, self.limits, self.prefix)
+            self.stats.worker_starts += 1
+
+    def warm_up(self) -> None:
+        """Start what the first call will need, without waiting for it: the fork server (it then
+        imports torch while the judge collects tests), or, without one, the first worker."""
+        if self.prefix is None and self.limits.fork_server:
+            Zygote.get(self.limits.startup_timeout_s)
+        else:
+            self.start()
+
+    def request(self, op: str, target: str, args: tuple, kwargs: dict, timeout: float, sink: _Output,
+                allowed: list[str], spare: bool = True) -> tuple[dict, list]:
+        """One call. spare: after a loss, start the replacement now (False when the part has
+        reached max_losses with this loss, so no worker is started that nothing would use)."""
+        self.start()
+        worker = self._worker
+        t0 = time.perf_counter()
+        try:
+            if worker.startup_s is None:
+                worker.ready()
+                self.stats.startup_s.append(worker.startup_s)
+            return worker.request(op, target, args, kwargs, timeout, sink, allowed)
+        except Lost:
+            self.discard(spare)
+            raise
+        finally:
+            self.stats.calls += 1
+            self.stats.call_s += time.perf_counter() - t0
+
+    def discard(self, spare: bool = True) -> None:
+        """Kill the current worker (lost, or out of memory: its heap may still hold the bomb)."""
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None
+        if spare:
+            self.warm_up()  # a direct replacement imports torch while the judge records the failure
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None
