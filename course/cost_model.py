@@ -250,6 +250,26 @@ def _row(name: str, flops: float, nbytes: float, gpu: GPUSpec, launches: int) ->
     }
 
 
+def attainable_flops(intensity: float, gpu: GPUSpec = H100) -> float:
+    """The roofline: FLOP/s a kernel of `intensity` FLOP/byte can reach, min(peak, intensity x bandwidth)."""
+    return min(gpu.peak_fp16_flops, intensity * gpu.hbm_bandwidth)
+
+
+def roofline_points(N: int = 4096, d: int = 128, n_heads: int = 32, block_rows: int = 128,
+                    gpu: GPUSpec = H100) -> list[dict]:
+    """§5.5 on the roofline: each kernel of `h100_forward_estimate` with its arithmetic intensity
+    (FLOP/byte), the FLOP/s the roofline allows at that intensity, and its bound. The softmax kernel
+    (no matmul FLOPs, intensity 0) and the 3-kernel total are left out: a log axis has no 0."""
+    rows = []
+    for r in h100_forward_estimate(N, d, n_heads, block_rows, gpu):
+        if r["flops"] == 0 or r["launches"] != 1:
+            continue
+        intensity = r["flops"] / r["bytes"]
+        rows.append({"name": r["name"], "intensity": intensity, "attainable_flops": attainable_flops(intensity, gpu),
+                     "bound": "compute" if intensity >= gpu.ridge else "memory"})
+    return rows
+
+
 # --------------------------------------------------------------------------------------------
 # §6.1 block sizes, §6.3 FA1 vs FA2
 # --------------------------------------------------------------------------------------------

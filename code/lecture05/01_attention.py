@@ -1,6 +1,7 @@
 """Lecture 5, program 01: attention as a soft lookup, and why attention is slow (§2–§3).
 
-Demo 1 (§2.2)  the tiny transformer on LikesWorld: accuracy on held-out worlds vs the random-item baseline
+Demo 1 (§2.2)  the tiny transformer on LikesWorld: accuracy on held-out worlds vs the random-item baseline,
+               and with your flash_forward (part 2) as its attention
 Demo 2 (§2.2)  what the heads do: layer 0 points each item at its owner, layer 1 looks the item up
                (attention maps saved as PNG heatmaps in code/lecture05/figures/)
 Demo 3 (§2.2)  ablation: accuracy with each of the 8 heads removed
@@ -14,7 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: course/
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repository root (course/), and attention_kernels.py
 
 import matplotlib  # noqa: E402
 
@@ -26,6 +28,7 @@ from rich.table import Table  # noqa: E402
 
 from course import cost_model, likesworld  # noqa: E402
 from course.tiny_transformer import TinyTransformer, attention_weights, load_checkpoint, standard_attention  # noqa: E402
+import attention_kernels as ak  # noqa: E402  (your implementation: --impl DIR)
 
 FIGURES = Path(__file__).resolve().parent / "figures"
 EXAMPLE = ("<bos> eve likes tea . dan likes jam . hal likes figs . gus likes plums . "
@@ -40,6 +43,13 @@ def accuracy_demo(model: TinyTransformer) -> dict:
             "test_accuracy": likesworld.evaluate(model, "test"),
             "baseline": likesworld.random_item_baseline("test"),
             "questions": sum(len(e.answer_at) for e in likesworld.examples("test"))}
+
+
+def flash_accuracy(model: TinyTransformer) -> float:
+    """Test accuracy with part 2's flash_forward (attention_kernels) in every layer."""
+    def attention(q, k, v, causal=True):
+        return ak.flash_forward(q, k, v, causal=causal)[0]
+    return likesworld.evaluate(model, "test", attention=[attention] * len(model.blocks))
 
 
 # ---------------------------------------------------------------------------------------- demo 2
@@ -137,7 +147,8 @@ def _n(N: int) -> str:
     return f"{N // 1024}K"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ak.setup(__doc__, argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)   # tiny tensors: extra threads only add hand-off (and spin-wait) costs
     model = load_checkpoint()
@@ -150,6 +161,9 @@ def main() -> None:
     console.print(f"example: {EXAMPLE}")
     console.print(f"test accuracy (held-out worlds, {acc['questions']} questions): {acc['test_accuracy']:.1%}")
     console.print(f"random item from the context: {acc['baseline']:.1%}")
+    with ak.part_demo():
+        console.print(f"with your flash_forward (part 2) as the attention: {flash_accuracy(model):.1%} "
+                      f"(exact attention gives the {acc['test_accuracy']:.1%} above)")
 
     console.rule("Demo 2 (§2.2): what the heads do")
     roles = head_roles(model)

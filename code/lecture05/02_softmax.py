@@ -15,7 +15,8 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: solutions/, course/
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repository root (course/), and attention_kernels.py
 
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -23,16 +24,7 @@ from rich.table import Table  # noqa: E402
 
 from course.counting import ReadCounter  # noqa: E402
 from course.reference import attention_reference  # noqa: E402
-from solutions.online_softmax import (  # noqa: E402
-    merge_partial,
-    merge_summary,
-    naive_softmax,
-    naive_softmax_counted,
-    online_softmax_counted,
-    online_summary,
-    safe_softmax,
-    safe_softmax_counted,
-)
+import attention_kernels as ak  # noqa: E402  (your implementation: --impl DIR)
 
 SEED = 0
 console = Console(width=110)
@@ -47,7 +39,7 @@ def overflow_thresholds() -> dict[str, float]:
 def naive_nan_demo() -> dict[str, list[float]]:
     """Scores of 10, 90, 100 in float32: exp(90) = inf, inf/inf = nan (naive); safe is fine."""
     x = torch.tensor([10.0, 90.0, 100.0], dtype=torch.float32)
-    return {"x": x.tolist(), "naive": naive_softmax(x).tolist(), "safe": safe_softmax(x).tolist()}
+    return {"x": x.tolist(), "naive": ak.naive_softmax(x).tolist(), "safe": ak.safe_softmax(x).tolist()}
 
 
 # ---------------------------------------------------------------------------------------- demo 2
@@ -58,7 +50,7 @@ def pass_counts(n: int = 4096, seed: int = SEED) -> dict:
     g = torch.Generator().manual_seed(seed)
     values = torch.randn(n, generator=g, dtype=torch.float64).tolist()
     out = {}
-    for name, fn in (("naive", naive_softmax_counted), ("safe", safe_softmax_counted), ("online", online_softmax_counted)):
+    for name, fn in (("naive", ak.naive_softmax_counted), ("safe", ak.safe_softmax_counted), ("online", ak.online_softmax_counted)):
         counter = ReadCounter(values)
         result = fn(counter)
         out[name] = counter.reads / len(counter)
@@ -75,7 +67,7 @@ def _fold(summaries: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
     dt = summaries[0][0].dtype
     acc = (torch.tensor(float("-inf"), dtype=dt), torch.tensor(0.0, dtype=dt))
     for s in summaries:
-        acc = merge_summary(acc, s)
+        acc = ak.merge_summary(acc, s)
     return acc
 
 
@@ -86,7 +78,7 @@ def _tree(m: torch.Tensor, l: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
         if m.numel() % 2:
             m = torch.cat([m, m.new_full((1,), float("-inf"))])
             l = torch.cat([l, l.new_zeros(1)])
-        m, l = merge_summary((m[0::2], l[0::2]), (m[1::2], l[1::2]))
+        m, l = ak.merge_summary((m[0::2], l[0::2]), (m[1::2], l[1::2]))
         levels += 1
     return m[0], l[0], levels
 
@@ -100,7 +92,7 @@ def merge_orders(n: int = 10_000, seed: int = SEED, scale: float = 5.0) -> dict:
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, n), 6))  # 7 uneven blocks
     blocks = [x[a:b] for a, b in zip([0] + cuts, cuts + [n])]
-    block_summaries = [online_summary(b) for b in blocks]
+    block_summaries = [ak.online_summary(b) for b in blocks]
     shuffled = block_summaries[:]
     rng.shuffle(shuffled)
 
@@ -153,7 +145,7 @@ def online_trace(n_keys: int = 16, n_blocks: int = 4, d: int = 2, seed: int = SE
         p_b = torch.exp(s_b - m_b)
         part = (m_b, p_b.sum(), p_b @ v[idx])
         m_old = state[0]
-        state = merge_partial(state, part)
+        state = ak.merge_partial(state, part)
         rescale = math.exp(m_old.item() - state[0].item()) if b > 0 else float("nan")
         steps.append(
             {
@@ -177,50 +169,55 @@ def _vec(xs: list[float]) -> str:
     return "[" + ", ".join(f"{x:+.4f}" for x in xs) + "]"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ak.setup(__doc__, argv)
     torch.set_num_threads(1)  # small tensors: one thread avoids OpenMP waits on a busy 2-core machine
     console.rule("Demo 1 (§4.1): naive softmax overflows")
-    thr = overflow_thresholds()
-    t = Table("dtype", "largest finite value", "exp(x) = inf for x >", title="overflow threshold = log(finfo.max)")
-    for name, dt in (("float32", torch.float32), ("float16", torch.float16)):
-        big = torch.finfo(dt).max
-        t.add_row(name, f"{big:,.0f}" if big < 1e6 else f"{big:.4g}", f"{thr[name]:.2f}")
-    console.print(t)
-    demo = naive_nan_demo()
-    console.print(f"x = {demo['x']} (float32): naive {demo['naive']}   safe {[round(p, 6) for p in demo['safe']]}")
+    with ak.part_demo():
+        thr = overflow_thresholds()
+        t = Table("dtype", "largest finite value", "exp(x) = inf for x >", title="overflow threshold = log(finfo.max)")
+        for name, dt in (("float32", torch.float32), ("float16", torch.float16)):
+            big = torch.finfo(dt).max
+            t.add_row(name, f"{big:,.0f}" if big < 1e6 else f"{big:.4g}", f"{thr[name]:.2f}")
+        console.print(t)
+        demo = naive_nan_demo()
+        console.print(f"x = {demo['x']} (float32): naive {demo['naive']}   safe {[round(p, 6) for p in demo['safe']]}")
 
     console.rule("Demo 2 (§4.2–§4.3): passes over 4,096 values, counted per element read")
-    pc = pass_counts()
-    t = Table("softmax", "reads / N", caption=f"N(0, 1) values, seed {SEED}")
-    for name in ("naive", "safe", "online"):
-        t.add_row(name, f"{pc[name]:g}")
-    console.print(t)
-    console.print(
-        f"online rebases: {pc['rebases']} (expected Σ_(k=2..N) 1/k = {pc['expected_rebases']:.2f}; ln N = {pc['ln_n']:.2f})"
-    )
+    with ak.part_demo():
+        pc = pass_counts()
+        t = Table("softmax", "reads / N", caption=f"N(0, 1) values, seed {SEED}")
+        for name in ("naive", "safe", "online"):
+            t.add_row(name, f"{pc[name]:g}")
+        console.print(t)
+        console.print(
+            f"online rebases: {pc['rebases']} (expected Σ_(k=2..N) 1/k = {pc['expected_rebases']:.2f}; ln N = {pc['ln_n']:.2f})"
+        )
 
     console.rule("Demo 3 (§4.4): four merge orders of (m, ℓ) on 10,000 values, float64")
-    mo = merge_orders()
-    t = Table("merge order", "m + log ℓ", "|diff| vs torch.logsumexp",
-              title=f"torch.logsumexp = {mo['logsumexp']:.15f}; blocks {mo['block_sizes']}")
-    for name, r in mo["orders"].items():
-        t.add_row(name, f"{r['value']:.15f}", f"{r['diff']:.1e}")
-    console.print(t)
-    console.print(
-        f"float32: element-by-element merge {mo['fp32_stream']:.7f} vs torch.logsumexp at once "
-        f"{mo['fp32_once']:.7f}: differ by {mo['fp32_diff']:.1e}"
-    )
+    with ak.part_demo():
+        mo = merge_orders()
+        t = Table("merge order", "m + log ℓ", "|diff| vs torch.logsumexp",
+                  title=f"torch.logsumexp = {mo['logsumexp']:.15f}; blocks {mo['block_sizes']}")
+        for name, r in mo["orders"].items():
+            t.add_row(name, f"{r['value']:.15f}", f"{r['diff']:.1e}")
+        console.print(t)
+        console.print(
+            f"float32: element-by-element merge {mo['fp32_stream']:.7f} vs torch.logsumexp at once "
+            f"{mo['fp32_once']:.7f}: differ by {mo['fp32_diff']:.1e}"
+        )
 
     console.rule("Demo 4 (§4.5): one query row through 4 K/V blocks, d = 2")
-    tr = online_trace()
-    t = Table("block", "block max", "m", "rescale exp(m_old - m_new)", "ℓ", "o (unnormalised)", "o / ℓ",
-              title=f"16 keys, 4 blocks of 4, seed {SEED}")
-    for st in tr["steps"]:
-        rescale = "-" if math.isnan(st["rescale"]) else f"{st['rescale']:.3f}"
-        t.add_row(str(st["block"]), f"{st['block_max']:+.3f}", f"{st['m']:+.3f}", rescale, f"{st['l']:.4f}",
-                  _vec(st["o"]), _vec(st["out"]))
-    console.print(t)
-    console.print(f"standard attention: {_vec(tr['reference'])}   max |diff| = {tr['max_diff']:.1e}")
+    with ak.part_demo():
+        tr = online_trace()
+        t = Table("block", "block max", "m", "rescale exp(m_old - m_new)", "ℓ", "o (unnormalised)", "o / ℓ",
+                  title=f"16 keys, 4 blocks of 4, seed {SEED}")
+        for st in tr["steps"]:
+            rescale = "-" if math.isnan(st["rescale"]) else f"{st['rescale']:.3f}"
+            t.add_row(str(st["block"]), f"{st['block_max']:+.3f}", f"{st['m']:+.3f}", rescale, f"{st['l']:.4f}",
+                      _vec(st["o"]), _vec(st["out"]))
+        console.print(t)
+        console.print(f"standard attention: {_vec(tr['reference'])}   max |diff| = {tr['max_diff']:.1e}")
 
 
 if __name__ == "__main__":

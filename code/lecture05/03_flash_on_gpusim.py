@@ -3,7 +3,8 @@
 Demo 1 (§5.3)  standard attention (3 kernels) against the flash kernel at N = 256, d = 64, fp32:
                every counter of course.gpusim, the global buffers (no S, no P in flash), the
                closed forms next to the counters, the 5.0x ideal-cache ratio, error vs float64
-Demo 2 (§5.5)  the H100 estimate at N = 4096, d = 128, 32 heads, fp16 (course.cost_model)
+Demo 2 (§5.5)  the H100 estimate at N = 4096, d = 128, 32 heads, fp16 (course.cost_model), and
+               those kernels on the H100 roofline (saved as code/lecture05/figures/roofline.png)
 Demo 3 (§6.1)  block sizes at d = 128, fp16, K/V double-buffered (course.cost_model)
 §6.2           causal whole-block skipping, measured: N = 256 with B = 64 (T = 4) and B = 8 (T = 32)
 Demo 4 (§6.3)  FA1 against FA2: the cost model at N = 4096, d = 128, and both kernels measured
@@ -18,7 +19,8 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: solutions/, course/
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repository root (course/), and attention_kernels.py
 
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -27,11 +29,12 @@ from rich.table import Table  # noqa: E402
 from course import cost_model as cm  # noqa: E402
 from course.gpusim.kernels import standard_attention  # noqa: E402
 from course.reference import attention_reference  # noqa: E402
-from solutions.flash_kernel import run_fa1_kernel, run_flash_kernel  # noqa: E402
+import attention_kernels as ak  # noqa: E402  (your implementation: --impl DIR)
 
 SEED = 0
 console = Console(width=120)
 FP32 = 4  # bytes per element on the simulated GPU
+FIGURES = HERE / "figures"
 
 
 def _qkv(n: int, d: int, heads: tuple[int, ...] = (), seed: int = SEED) -> list[torch.Tensor]:
@@ -45,7 +48,7 @@ def counts(N: int = 256, d: int = 64, block: int = 64) -> dict:
     q, k, v = _qkv(N, d)
     ref_o, _ = attention_reference(q, k, v)
     o_std, st_std = standard_attention(q, k, v)
-    o_fl, lse_fl, st_fl = run_flash_kernel(q, k, v, block_rows=block, block_cols=block)
+    o_fl, lse_fl, st_fl = ak.run_flash_kernel(q, k, v, block_rows=block, block_cols=block)
     return {
         "N": N, "d": d, "block": block,
         "standard": st_std, "flash": st_fl,
@@ -123,6 +126,41 @@ def print_h100() -> list[dict]:
     return rows
 
 
+def save_roofline(out_dir: Path = FIGURES) -> Path:
+    """The H100 roofline (cost_model.attainable_flops) with Demo 2's kernels on it, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpu = cm.H100
+    points = cm.roofline_points(gpu=gpu)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    xs = sorted([2.0 ** e for e in range(0, 14)] + [gpu.ridge])
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ax.loglog(xs, [cm.attainable_flops(x, gpu) / 1e12 for x in xs], color="black",
+              label=f"roofline: min({gpu.peak_fp16_flops / 1e12:.0f} TFLOP/s, intensity x {gpu.hbm_bandwidth / 1e12:.2f} TB/s)")
+    ax.axvline(gpu.ridge, color="gray", linestyle="--", linewidth=1)
+    ax.text(gpu.ridge * 1.08, 20, f"ridge {gpu.ridge:.0f} FLOP/B", color="gray")
+    names: dict[float, list[str]] = {}
+    for p in points:  # kernels 1 and 3 of standard attention share one point
+        names.setdefault(round(p["intensity"], 6), []).append(p["name"])
+    for (x, labels), marker in zip(names.items(), "osD^v"):
+        y = cm.attainable_flops(x, gpu) / 1e12
+        ax.plot([x], [y], marker, markersize=9, linestyle="none", alpha=0.8,
+                label=f"{' / '.join(labels)}: {x:,.0f} FLOP/B, {y:,.0f} TFLOP/s")
+    ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
+    ax.set_ylabel("attainable TFLOP/s (FP16 dense)")
+    ax.set_title(f"{gpu.name}: attention kernels of Demo 2 on the roofline (N = 4096, d = 128)")
+    ax.legend(loc="upper left", fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / "roofline.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 # ---------------------------------------------------------------------------------------- demo 3
 def print_blocks() -> list[dict]:
     rows = cm.block_size_table()
@@ -142,7 +180,7 @@ def causal_skipping(N: int = 256, d: int = 64, blocks: tuple[int, ...] = (64, 8)
     out = []
     for B in blocks:
         T = math.ceil(N / B)
-        _, _, st = run_flash_kernel(q, k, v, causal=True, block_rows=B, block_cols=B)
+        _, _, st = ak.run_flash_kernel(q, k, v, causal=True, block_rows=B, block_cols=B)
         kv = sum(st["buffers"][n]["dram_bytes_no_cache"] for n in ("K", "V"))
         per_pair = 2 * B * d * FP32  # one K block and one V block
         out.append({"N": N, "B": B, "T": T, "pairs": kv // per_pair, "all_pairs": T * T,
@@ -166,8 +204,8 @@ def fa1_vs_fa2_measured(N: int = 256, d: int = 64, block: int = 64, heads: int =
     """Both loop orders on the simulator (no cache) against cost_model.io_fa1 / io_flash."""
     q, k, v = _qkv(N, d, (heads,))
     ref_o, _ = attention_reference(q, k, v)
-    o1, _, st1 = run_fa1_kernel(q, k, v, block_rows=block, block_cols=block)
-    o2, _, st2 = run_flash_kernel(q, k, v, block_rows=block, block_cols=block)
+    o1, _, st1 = ak.run_fa1_kernel(q, k, v, block_rows=block, block_cols=block)
+    o2, _, st2 = ak.run_flash_kernel(q, k, v, block_rows=block, block_cols=block)
     return {
         "N": N, "d": d, "block": block, "heads": heads,
         "fa1": {"elements": st1["dram_bytes_no_cache"] // FP32, "formula": heads * cm.io_fa1(N, d, block, block),
@@ -177,12 +215,15 @@ def fa1_vs_fa2_measured(N: int = 256, d: int = 64, block: int = 64, heads: int =
     }
 
 
-def print_fa1_fa2(m: dict) -> None:
+def print_fa1_fa2_model() -> None:
     console.rule("Demo 4 (§6.3): FA1 (K/V outer) against FA2 (Q outer)")
     t = Table("N = 4096, d = 128, B = 128, 32 heads", "HBM traffic per head (elements)", "thread blocks")
     for r in cm.fa1_vs_fa2():
         t.add_row(r["name"], f"{r['elements'] / 1e6:.1f} M ({r['elements']:,})", f"{r['thread_blocks']:,}")
     console.print(t)
+
+
+def print_fa1_fa2(m: dict) -> None:
     console.print(f"Measured on the simulator: N = {m['N']}, d = {m['d']}, B_r = B_c = {m['block']}, {m['heads']} heads, no cache")
     t = Table("kernel", "formula (per head)", "formula x heads", "simulator (elements)", "equal", "thread blocks", "max |o - ref|")
     for name, key, formula in (("FA1", "fa1", "2Nd + ⌈N/B_c⌉(3Nd + 4N)"), ("FA2", "fa2", "2Nd + 2Nd·⌈N/B_r⌉ + N")):
@@ -194,13 +235,20 @@ def print_fa1_fa2(m: dict) -> None:
                   "FA2 keeps O_i in registers until its Q block is done, and every Q block is a thread block.")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ak.setup(__doc__, argv)
     console.print("[bold]Lecture 5, program 03: FlashAttention on the simulated GPU (course.gpusim)[/bold]")
-    print_counts(counts())
+    with ak.part_demo():  # each block runs your part 3 kernel; a stub skips only that block
+        print_counts(counts())
     print_h100()
+    path = save_roofline()
+    console.print(f"saved {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
     print_blocks()
-    print_causal(causal_skipping())
-    print_fa1_fa2(fa1_vs_fa2_measured())
+    with ak.part_demo():
+        print_causal(causal_skipping())
+    print_fa1_fa2_model()
+    with ak.part_demo():
+        print_fa1_fa2(fa1_vs_fa2_measured())
 
 
 if __name__ == "__main__":

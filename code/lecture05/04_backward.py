@@ -16,7 +16,8 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: solutions/, course/
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repository root (course/), and attention_kernels.py
 
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -25,8 +26,7 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from course import cost_model  # noqa: E402
 from course.reference import attention_plain  # noqa: E402
-from solutions.flash_backward import FlashAttentionFunction, flash_attention, flash_backward  # noqa: E402
-from solutions.flash_forward import flash_forward  # noqa: E402
+import attention_kernels as ak  # noqa: E402  (your implementation: --impl DIR)
 
 SEED = 0
 N, D_HEAD, BLOCK_Q, BLOCK_K = 300, 32, 64, 48
@@ -49,8 +49,8 @@ def gradients_vs_autograd(n: int = N, d: int = D_HEAD, block_q: int = BLOCK_Q, b
         o_ref, _ = attention_plain(q, k, v, causal)  # float64: this is autograd on the reference
         ref = torch.autograd.grad(o_ref, (q, k, v), do)
         with torch.no_grad():
-            o, lse = flash_forward(q, k, v, causal, block_q, block_k)
-            got = flash_backward(q, k, v, o, lse, do, causal, block_q, block_k)
+            o, lse = ak.flash_forward(q, k, v, causal, block_q, block_k)
+            got = ak.flash_backward(q, k, v, o, lse, do, causal, block_q, block_k)
         rows.append({"causal": causal, **{f"max_diff_{name}": (a - b).abs().max().item()
                                           for name, a, b in zip(("dq", "dk", "dv"), got, ref)}})
     return rows
@@ -85,9 +85,9 @@ def count_dq_adds(n: int = N, d: int = D_HEAD, block_q: int = BLOCK_Q, block_k: 
     target lives in the storage of the dQ it returns. On a GPU each one is an atomic add to HBM,
     because the K/V blocks that contribute to one dQ_i belong to different thread blocks."""
     q, k, v, do = _inputs(n, d, dtype=torch.float32)
-    o, lse = flash_forward(q, k, v, causal, block_q, block_k)
+    o, lse = ak.flash_forward(q, k, v, causal, block_q, block_k)
     with _AddCounter() as counter:
-        dq, _, _ = flash_backward(q, k, v, o, lse, do, causal, block_q, block_k)
+        dq, _, _ = ak.flash_backward(q, k, v, o, lse, do, causal, block_q, block_k)
     ptr = dq.untyped_storage().data_ptr()
     counted = sum(numel for p, numel in counter.adds if p == ptr)
     return {"counted": counted, "formula": math.ceil(n / block_k) * n * d, "kv_blocks": math.ceil(n / block_k)}
@@ -100,7 +100,7 @@ def train_flash_vs_standard(steps: int = 30, seed: int = 0) -> dict:
     from course.tiny_transformer import make_model, standard_attention, train
 
     def flash(q, k, v, causal=True):
-        return flash_attention(q, k, v, causal)
+        return ak.flash_attention(q, k, v, causal)
 
     models, losses = {}, {}
     for name, attn in (("standard", standard_attention), ("flash", flash)):
@@ -121,7 +121,7 @@ def saved_by_function(n: int = 256, d: int = 32) -> list[tuple[int, ...]]:
     q, k, v, _ = _inputs(n, d, dtype=torch.float32)
     shapes = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: (shapes.append(tuple(t.shape)), t)[1], lambda t: t):
-        FlashAttentionFunction.apply(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), True, 64, 64, None)
+        ak.FlashAttentionFunction.apply(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), True, 64, 64, None)
     return shapes
 
 
@@ -130,21 +130,23 @@ def _gib(x: float) -> str:
     return f"{x:,.3g} GiB" if x >= 1 else f"{x * 1024:,.3g} MiB"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ak.setup(__doc__, argv)
     torch.set_num_threads(1)  # small tensors: one thread avoids OpenMP waits on a busy 2-core machine
     console.rule(f"Demo 1 (§7.3, §7.4): flash backward vs autograd, float64, N = {N}, d = {D_HEAD}, "
                  f"B_r x B_c = {BLOCK_Q} x {BLOCK_K}")
-    t = Table("mask", "max |dQ diff|", "max |dK diff|", "max |dV diff|")
-    for r in gradients_vs_autograd():
-        t.add_row("causal" if r["causal"] else "none", f"{r['max_diff_dq']:.1e}", f"{r['max_diff_dk']:.1e}",
-                  f"{r['max_diff_dv']:.1e}")
-    console.print(t)
-    di = d_identity()
-    console.print(f"D_i: Σ_k P_ik dP_ik vs dO_i · O_i: max |diff| = {di['max_diff']:.1e} (values up to {di['max_abs']:.2f})")
-    ad = count_dq_adds()
-    console.print(f"dQ atomic adds (counted in the backward): {ad['counted']:,} elements "
-                  f"= ceil(N/B_c) · N · d = {ad['kv_blocks']} x {N} x {D_HEAD} = {ad['formula']:,}")
-    console.print(f"FlashAttentionFunction saves: {saved_by_function()} (q, k, v, o, lse; no N x N tensor)")
+    with ak.part_demo():
+        t = Table("mask", "max |dQ diff|", "max |dK diff|", "max |dV diff|")
+        for r in gradients_vs_autograd():
+            t.add_row("causal" if r["causal"] else "none", f"{r['max_diff_dq']:.1e}", f"{r['max_diff_dk']:.1e}",
+                      f"{r['max_diff_dv']:.1e}")
+        console.print(t)
+        di = d_identity()
+        console.print(f"D_i: Σ_k P_ik dP_ik vs dO_i · O_i: max |diff| = {di['max_diff']:.1e} (values up to {di['max_abs']:.2f})")
+        ad = count_dq_adds()
+        console.print(f"dQ atomic adds (counted in the backward): {ad['counted']:,} elements "
+                      f"= ceil(N/B_c) · N · d = {ad['kv_blocks']} x {N} x {D_HEAD} = {ad['formula']:,}")
+        console.print(f"FlashAttentionFunction saves: {saved_by_function()} (q, k, v, o, lse; no N x N tensor)")
 
     console.rule("Demo 2 (§7.1, §7.2): store P or store L? one layer, 32 heads")
     t = Table("N", "P (fp16)", "L (fp32)", "P / L")
@@ -172,13 +174,14 @@ def main() -> None:
     console.print(t)
 
     console.rule("Demo 5 (§7.7): 30 training steps, flash vs standard attention, same init")
-    try:
-        tr = train_flash_vs_standard()
-    except ImportError as e:
-        console.print(f"skipped: the tiny transformer is not available ({e})")
-        return
-    console.print(f"loss {tr['first_loss']:.4f} -> {tr['last_loss']:.4f} over {tr['steps']} steps; "
-                  f"max loss diff {tr['max_loss_diff']:.1e}; max parameter diff {tr['max_param_diff']:.1e}")
+    with ak.part_demo():
+        try:
+            tr = train_flash_vs_standard()
+        except ImportError as e:
+            console.print(f"skipped: the tiny transformer is not available ({e})")
+            return
+        console.print(f"loss {tr['first_loss']:.4f} -> {tr['last_loss']:.4f} over {tr['steps']} steps; "
+                      f"max loss diff {tr['max_loss_diff']:.1e}; max parameter diff {tr['max_param_diff']:.1e}")
 
 
 if __name__ == "__main__":

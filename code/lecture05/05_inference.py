@@ -12,12 +12,13 @@ Run from the repository root: python code/lecture05/05_inference.py [--buggy-cac
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: solutions/, course/
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repository root (course/), and attention_kernels.py
 
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -32,22 +33,20 @@ from course.tiny_transformer import (  # noqa: E402
     load_checkpoint,
     standard_attention,
 )
-from solutions.flash_decoding import flash_decode  # noqa: E402
-from solutions.flash_forward import flash_forward  # noqa: E402
-from solutions.kv_cache import KVCache, forward_with_cache  # noqa: E402
+import attention_kernels as ak  # noqa: E402  (your implementation: --impl DIR)
 
 MAX_NEW = 8
 console = Console(width=110)
-ForwardFn = Callable[[TinyTransformer, torch.Tensor, KVCache, AttentionFn], torch.Tensor]
+ForwardFn = Callable[[TinyTransformer, torch.Tensor, Any, AttentionFn], torch.Tensor]  # (model, tokens, KVCache, attention)
 
 
 def flash_attention(q, k, v, causal=True):
     """Part 2's flash_forward as an AttentionFn (its lse is not needed here)."""
-    return flash_forward(q, k, v, causal=causal)[0]
+    return ak.flash_forward(q, k, v, causal=causal)[0]
 
 
 @torch.no_grad()
-def forward_with_cache_first_version(model: TinyTransformer, tokens: torch.Tensor, cache: KVCache,
+def forward_with_cache_first_version(model: TinyTransformer, tokens: torch.Tensor, cache: ak.KVCache,
                                      attention: AttentionFn = standard_attention) -> torch.Tensor:
     """The first version of the cached forward, kept to show its bug (§8.2): the positions are read
     from cache.length INSIDE the layer loop. cache.length is layer 0's length, and layer 0 has
@@ -78,11 +77,13 @@ def recompute_run(model: TinyTransformer, prompts: torch.Tensor, max_new: int = 
 @torch.no_grad()
 def cached_run(model: TinyTransformer, prompts: torch.Tensor, max_new: int = MAX_NEW,
                attention: AttentionFn = standard_attention,
-               forward: ForwardFn = forward_with_cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy generation with a KV cache: a prefill of the prompts (B, L), then one token per
-    step. Returns tokens (B, L + max_new) and the step logits (max_new, B, V)."""
+               forward: ForwardFn | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy generation with a KV cache (forward: part 5's forward_with_cache unless given): a
+    prefill of the prompts (B, L), then one token per step. Returns tokens (B, L + max_new) and the
+    step logits (max_new, B, V)."""
+    forward = forward or ak.forward_with_cache
     cfg = model.config
-    cache = KVCache(cfg.n_layers, prompts.shape[0], cfg.n_heads, prompts.shape[1] + max_new, cfg.head_dim)
+    cache = ak.KVCache(cfg.n_layers, prompts.shape[0], cfg.n_heads, prompts.shape[1] + max_new, cfg.head_dim)
     tokens = prompts
     last = forward(model, tokens, cache, attention)[:, -1]
     logits = [last]
@@ -128,7 +129,7 @@ def compare_runs(prompts: list[list[int]], run_a, run_b) -> dict:
 
 
 def cache_vs_recompute(model: TinyTransformer, prompts: list[list[int]],
-                       forward: ForwardFn = forward_with_cache) -> dict:
+                       forward: ForwardFn | None = None) -> dict:
     """Generate MAX_NEW tokens from each prompt both ways; compare tokens and step logits.
     Rows: "a" = recompute, "b" = cached."""
     return compare_runs(prompts, lambda x: recompute_run(model, x), lambda x: cached_run(model, x, forward=forward))
@@ -140,13 +141,13 @@ def forward_flops(model: TinyTransformer, new: int, cached: int) -> int:
     key = (id(model), new, cached)
     if key not in _FLOPS:
         cfg = model.config
-        cache = KVCache(cfg.n_layers, 1, cfg.n_heads, new + cached, cfg.head_dim)
+        cache = ak.KVCache(cfg.n_layers, 1, cfg.n_heads, new + cached, cfg.head_dim)
         for layer in range(cfg.n_layers if cached else 0):     # `cached` earlier tokens (values do not matter)
             filler = torch.zeros(1, cfg.n_heads, cached, cfg.head_dim)
             cache.update(layer, filler, filler)
         with FlopCounterMode(display=False) as counter:
             if cached:
-                forward_with_cache(model, torch.zeros(1, new, dtype=torch.long), cache)
+                ak.forward_with_cache(model, torch.zeros(1, new, dtype=torch.long), cache)
             else:
                 model(torch.zeros(1, new, dtype=torch.long))
         _FLOPS[key] = counter.get_total_flops()
@@ -176,7 +177,7 @@ def flash_decoding_runs(model: TinyTransformer, prompts: list[list[int]], splits
     against cached generation with standard attention."""
     out = {}
     for S in splits:
-        attn = decoding_attention(flash_decode, S, prefill=flash_attention)
+        attn = decoding_attention(ak.flash_decode, S, prefill=flash_attention)
         res = compare_runs(prompts, lambda x: cached_run(model, x), lambda x: cached_run(model, x, attention=attn))
         out[S] = {"identical": res["identical"], "max_diff": res["max_diff"]}
     return out
@@ -187,38 +188,39 @@ def _continuation(row: dict, key: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ak.argument_parser(__doc__)
     ap.add_argument("--buggy-cache", action="store_true",
                     help="also run the first version's layer-0 cache-length bug and list the prompts it changes")
-    args = ap.parse_args(argv)
+    args = ak.setup(__doc__, argv, ap)
     torch.set_num_threads(1)   # tiny tensors: extra threads only add hand-off (and spin-wait) costs
     model = load_checkpoint()
     prompts = likesworld.make_prompts(60)
 
     console.rule("Demo 1 (§8.2): KV cache vs recomputing the whole sequence")
-    res = cache_vs_recompute(model, prompts)
-    cost = compute_saved(model, prompts)
-    console.print(f"{len(prompts)} prompts (mean {cost['mean_prompt']:.1f} tokens), {MAX_NEW} new tokens each, greedy")
-    console.print(f"identical generations: {res['identical']}/{len(prompts)}")
-    console.print(f"max |logit difference| over all steps: {res['max_diff']:.1e} (float32 rounding)")
-    ex = res["rows"][0]
-    console.print(f"e.g. {likesworld.decode(ex['prompt'])!r} -> {_continuation(ex, 'b')!r}")
-    t = Table("work", "recompute", "KV cache", "ratio")
-    t.add_row("token-forwards", f"{cost['forwards_recompute']:,}", f"{cost['forwards_cached']:,}", f"{cost['forwards_ratio']:.1f}×")
-    t.add_row("matmul FLOPs (FlopCounterMode)", f"{cost['flops_recompute']:,}", f"{cost['flops_cached']:,}", f"{cost['flops_ratio']:.1f}×")
-    console.print(t)
-    if args.buggy_cache:
-        bug = cache_vs_recompute(model, prompts, forward=forward_with_cache_first_version)
-        bad = [r for r in bug["rows"] if not r["same"]]
-        console.print(f"[bold]--buggy-cache[/bold]: positions read from cache.length inside the layer loop")
-        console.print(f"identical generations: {bug['identical']}/{len(prompts)}; "
-                      f"max |logit difference| before the first differing token: {bug['max_diff']:.1e}")
-        t = Table("prompt", "recompute", "buggy cache")
-        for r in bad:
-            t.add_row(likesworld.decode(r["prompt"]), _continuation(r, "a"), _continuation(r, "b"))
+    with ak.part_demo():
+        res = cache_vs_recompute(model, prompts)
+        cost = compute_saved(model, prompts)
+        console.print(f"{len(prompts)} prompts (mean {cost['mean_prompt']:.1f} tokens), {MAX_NEW} new tokens each, greedy")
+        console.print(f"identical generations: {res['identical']}/{len(prompts)}")
+        console.print(f"max |logit difference| over all steps: {res['max_diff']:.1e} (float32 rounding)")
+        ex = res["rows"][0]
+        console.print(f"e.g. {likesworld.decode(ex['prompt'])!r} -> {_continuation(ex, 'b')!r}")
+        t = Table("work", "recompute", "KV cache", "ratio")
+        t.add_row("token-forwards", f"{cost['forwards_recompute']:,}", f"{cost['forwards_cached']:,}", f"{cost['forwards_ratio']:.1f}×")
+        t.add_row("matmul FLOPs (FlopCounterMode)", f"{cost['flops_recompute']:,}", f"{cost['flops_cached']:,}", f"{cost['flops_ratio']:.1f}×")
         console.print(t)
-    else:
-        console.print("(run with --buggy-cache to see what the first version's cache-length bug changes)")
+        if args.buggy_cache:
+            bug = cache_vs_recompute(model, prompts, forward=forward_with_cache_first_version)
+            bad = [r for r in bug["rows"] if not r["same"]]
+            console.print(f"[bold]--buggy-cache[/bold]: positions read from cache.length inside the layer loop")
+            console.print(f"identical generations: {bug['identical']}/{len(prompts)}; "
+                          f"max |logit difference| before the first differing token: {bug['max_diff']:.1e}")
+            t = Table("prompt", "recompute", "buggy cache")
+            for r in bad:
+                t.add_row(likesworld.decode(r["prompt"]), _continuation(r, "a"), _continuation(r, "b"))
+            console.print(t)
+        else:
+            console.print("(run with --buggy-cache to see what the first version's cache-length bug changes)")
 
     console.rule("Demo 2 (§8.3): prefill vs decode, one 7B-scale layer on an H100 (context 2048)")
     t = Table("phase", "batch", "linear FLOP/B", "linear µs", "attention FLOP/B", "attention µs", "attention share",
@@ -230,11 +232,12 @@ def main(argv: list[str] | None = None) -> None:
     console.print(t)
 
     console.rule("Demo 3 (§8.4): Flash-Decoding in the decode steps (prefill: flash_forward)")
-    fd = flash_decoding_runs(model, prompts)
-    t = Table("splits S", "identical generations", "max |logit difference|")
-    for S, r in fd.items():
-        t.add_row(str(S), f"{r['identical']}/{len(prompts)}", f"{r['max_diff']:.1e}")
-    console.print(t)
+    with ak.part_demo():
+        fd = flash_decoding_runs(model, prompts)
+        t = Table("splits S", "identical generations", "max |logit difference|")
+        for S, r in fd.items():
+            t.add_row(str(S), f"{r['identical']}/{len(prompts)}", f"{r['max_diff']:.1e}")
+        console.print(t)
 
     console.rule("Demo 4 (§8.4): splits at 32K context, batch 1, 32 heads, d = 128, H100 (132 SMs)")
     t = Table("S", "thread blocks", "waves", "SMs busy", "time")
