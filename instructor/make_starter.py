@@ -6,8 +6,9 @@
 A region is the lines between `### BEGIN SOLUTION` and `### END SOLUTION` (nbgrader's markers, each
 on its own line, indented like the code). It must be a whole statement block: the statements
 between the markers are consecutive statements of one block, none of them continues past a
-marker. Comments above a region (the hints) are kept. Each starter file starts with a line
-saying it is generated.
+marker. Comments above a region (the hints) are kept. Each starter file starts with a header
+for the student (`header`): which part it is, where its handout page is, how to grade and debug
+it. starter/__init__.py gets the student's package docstring instead of the solutions' one.
 """
 from __future__ import annotations
 
@@ -18,7 +19,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-HEADER = "# Generated from solutions/{name} by `make starter` (python -m instructor.make_starter): edit there, not here.\n"
+HEADER = ("# Part {part} of the assignment: your implementation. Replace each `raise NotImplementedError`\n"
+          "# below with your code ({handout}). `make grade PART={part}` grades this file;\n"
+          "# `make debug PART={part}` runs its first failing test where breakpoint() and print work.\n")
+PACKAGE_HEADER = "# Your implementation of the six graded parts, one file per part (docs/handout/README.md).\n"
+PACKAGE_DOC = '"""Your implementation of the assignment: one file per part; `make grade` grades them."""\n'
+
+
+def header(name: str) -> str:
+    """The first lines of starter/<name>: the part, its handout page, how to grade and debug it."""
+    import tomllib
+
+    rubric = tomllib.loads((REPO / "autograder" / "rubric.toml").read_text(encoding="utf-8"))
+    part = next((int(p["number"]) for p in rubric["part"] if name in p["files"]), None)
+    if part is None:
+        return PACKAGE_HEADER
+    page = REPO / "docs" / "handout" / f"part{part}_{name.removesuffix('.py')}.md"
+    handout = page.relative_to(REPO).as_posix() if page.is_file() else "docs/handout/README.md"
+    return HEADER.format(part=part, handout=handout)
 
 
 class RegionError(ValueError):
@@ -87,7 +105,7 @@ def stub_source(text: str, name: str) -> str:
         if any(s.col_offset != len(indent) for s in top):
             raise RegionError(f"{name}:{begin}: the markers must be indented like the region's statements")
 
-    out = [HEADER.format(name=name)]
+    out = [header(name)]
     at = 1
     for begin, end, indent in regions:
         out += lines[at - 1 : begin - 1]
@@ -104,7 +122,10 @@ def stub_source(text: str, name: str) -> str:
 
 def generate(solutions: Path, out_dir: Path | None = None) -> dict[str, str]:
     """{file name: starter text} for every .py file of solutions/."""
-    return {p.name: stub_source(p.read_text(encoding="utf-8"), p.name) for p in sorted(solutions.glob("*.py"))}
+    out = {p.name: stub_source(p.read_text(encoding="utf-8"), p.name) for p in sorted(solutions.glob("*.py"))}
+    if "__init__.py" in out:  # the package docstring speaks of the reference solutions
+        out["__init__.py"] = PACKAGE_HEADER + PACKAGE_DOC
+    return out
 
 
 def differences(solutions: Path, starter: Path) -> list[str]:

@@ -1,63 +1,70 @@
-"""Write the student repository: starter, public tests, engine, course package, handout, Makefile.
+"""Write the student repository: the student folders whole, plus generated top-level files.
 
     python -m instructor.release --out DIR        # then: cd DIR && make grade
     python -m instructor.release --scan DIR       # only scan an existing release for leaks
 
-Left out: solutions/, instructor/hidden_tests/, the mutation catalogue, the red-team corpus, the
-engine's instructor documentation (autograder/README.md), the instructor tools (batch, Gradescope,
-nbgrader, this file) and the project's own tests. The lecture
-programs are included only when they do not import `solutions` (the others need the reference
-solutions to run; students run the same code through `make grade`).
+What ships is decided by folder, not by a list of files (the top level of this repository says who
+gets what): the STUDENT folders (starter/, course/, autograder/, code/, docs/) are copied whole,
+minus caches and the few instructor-only files inside them (INSTRUCTOR_FILES, e.g. the grader's
+maintainer notes, replaced by a student version); the INSTRUCTOR folders (instructor/, solutions/,
+tests/, benchmarks/) never ship. The top-level files are generated here: Makefile, README.md,
+requirements.txt + requirements.lock (the student set: requirements-student.txt/.lock), .gitignore
+and the GitHub Classroom workflow (.github/workflows/classroom.yml).
+
+Rebuilding into an existing release replaces only the files this command wrote last time (listed in
+MANIFEST); anything else there, a `.git` folder included, is kept.
 
 Every release is scanned before this command succeeds (`scan`): no canary string (listed in
 instructor/canaries.txt, plus any `CANARY-...` token found in solutions/ or the hidden tests), no
-hidden-test file, no solution marker, and no run of 4 consecutive code lines of a solution region
-or of a hidden test (runs that the course package or the shipped tests contain are public anyway).
+hidden-test file, no solution marker, no run of 4 consecutive code lines of a solution region or
+of a hidden test (runs that the course package or the shipped tests contain are public anyway), and
+no Python file that imports an instructor-only package (`instructor_imports`).
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import os
+import json
 import re
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 from typing import Iterable
 
 ROOT = Path(__file__).resolve().parent.parent
-CANARIES = ROOT / "autograder" / "canaries.txt"
+CANARIES = ROOT / "instructor" / "canaries.txt"
 CANARY_TOKEN = re.compile(r"CANARY-[A-Z]+-[0-9A-Za-z]{6,}")
 SOLUTION_RUN = 4  # consecutive code lines of a solution region that count as a copy of it
-SKIP = {"__pycache__", ".pytest_cache", ".hypothesis"}
-STAMP = ".release-stamp"  # marks a folder this command wrote, so that a rebuild may replace it
-
-# (source, destination) relative paths; folders are copied recursively.
-CONTENTS = [
-    ("starter", "starter"),
-    ("course", "course"),
-    ("docs/handout", "docs/handout"),
-    ("docs/gpusim_guide.md", "docs/gpusim_guide.md"),
-    ("requirements.txt", "requirements.txt"),
-    ("requirements.lock", "requirements.lock"),
-    ("autograder/__init__.py", "autograder/__init__.py"),
-    ("autograder/rubric.toml", "autograder/rubric.toml"),
-    ("autograder/grade.py", "autograder/grade.py"),
-    ("autograder/engine", "autograder/engine"),
-    ("autograder/scenarios", "autograder/scenarios"),
-    ("autograder/tests", "autograder/tests"),  # the checks with their public cases
-]
+SKIP = {"__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints"}
+MANIFEST = ".release-manifest"  # the files this command wrote, so that a rebuild replaces only those
 HIDDEN_DIR = ROOT / "instructor" / "hidden_tests"
+
+# The top level of the repository, by who gets it (tests/test_release.py fails on a new entry that
+# is in neither list, so that every new folder is a decision).
+STUDENT = ("starter", "course", "autograder", "code", "docs")
+INSTRUCTOR = ("instructor", "solutions", "tests", "benchmarks")
+TOP_LEVEL_FILES = ("Makefile", "README.md", "pyproject.toml", "requirements.txt", "requirements.lock",
+                   "requirements-student.txt", "requirements-student.lock", ".gitignore")  # generated anew in the release
+# Files inside the student folders that do not ship as they are.
+INSTRUCTOR_FILES = {"autograder/README.md": "the grader's maintainer notes: a student version is written instead"}
+# Sections of autograder/README.md that are about instructor tools (dropped from the student version).
+INSTRUCTOR_SECTIONS = ("Starter and handout", "Mutation catalogue")
+PYTHON = "3.11"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 MAKEFILE = """\
 # FlashAttention assignment. Implement the six files in starter/ (see docs/handout/README.md),
 # then `make grade` (all parts) or `make grade PART=2`. `make grade IMPL=dir` grades another folder.
 # With your own Python environment: make grade PY=/path/to/python (no virtualenv is made).
 
-PYTHON ?= python3.11
+PYTHON ?= python{python}
 VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# torch's CPU build comes from PyTorch's CPU index (PyPI's Linux wheel is the much larger CUDA
+# build). Offline, or with a local torch 2.13.0 wheel that pip finds: make venv TORCH_INDEX=
+TORCH_INDEX ?= {torch_index}
 export PYTHONPATH := $(CURDIR)
 export PYTHONHASHSEED := 0
 
@@ -68,114 +75,305 @@ ifeq ($(PY),$(VENV)/bin/python)
 DEPS := $(STAMP)
 endif
 
-.PHONY: help venv grade{demos_phony}
+.PHONY: help venv grade grade-ci debug demos
 
 help:
-\t@echo "make grade [PART=1..6] [IMPL=starter]   grade your implementation (public tests)"{demos_help}
+\t@echo "make grade [PART=1..6] [IMPL=starter]   grade your implementation (public tests)"
+\t@echo "make debug PART=N [IMPL=starter]        run the first failing public test of part N here, in this process (pdb, print); not a grade"
+\t@echo "make demos [IMPL=starter]               run the five lecture programs (code/lecture05) on your implementation"
 
 venv: $(STAMP)
 
 $(STAMP): requirements.txt requirements.lock
-\t@command -v $(PYTHON) >/dev/null || {{ echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 1; }}
+\t@command -v $(PYTHON) >/dev/null || {{ echo "error: $(PYTHON) not found; install Python {python} or run make PYTHON=/path/to/python{python}"; exit 1; }}
 \ttest -x $(PY) || $(PYTHON) -m venv $(VENV)
-\t$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c requirements.lock
+\t$(PY) -m pip install --quiet --disable-pip-version-check $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r requirements.txt -c requirements.lock
 \ttouch $(STAMP)
 
+# Not every test passes yet: the grader exits 1, and GNU make would add its own
+# "make: *** [Makefile:..: grade] Error 1" under the feedback, which reads like a crash. So the
+# recipe ends make itself with SIGPIPE, which shells do not report: the exit status stays
+# non-zero (141) for scripts and CI, and the last lines on screen are the grader's.
 grade: $(DEPS)
-\t$(PY) -m autograder.grade --impl $(IMPL) $(if $(PART),--part $(PART))
-{demos_rule}"""
+\t@$(PY) -m autograder.grade --impl $(IMPL) $(if $(PART),--part $(PART)) || {{ s=$$?; [ $$s -eq 1 ] && kill -PIPE $$PPID; exit $$s; }}
+
+# The same for scripts and CI (GitHub Classroom): the grader's own exit status, make's usual message.
+grade-ci: $(DEPS)
+	@$(PY) -m autograder.grade --impl $(IMPL) $(if $(PART),--part $(PART))
+
+debug: $(DEPS)
+\t@$(PY) -m autograder.debug --impl $(IMPL) $(if $(PART),--part $(PART))
+
+demos: $(DEPS)
+\t@for p in code/lecture05/0*.py; do echo; echo "=== $$p ==="; $(PY) $$p --impl $(IMPL) || exit 1; done
+"""
 
 README = """\
 # FlashAttention from the ground up — assignment
 
 Implement the six files in `starter/`; the handout (`docs/handout/README.md`) states what each
-part asks, with shapes and conventions, and links one page per part. Then run
+part asks, with shapes and conventions, and links one page per part.
+
+## Setup
+
+You need Python {python} (`python{python} --version`) and GNU make. The first `make` command creates
+a virtual environment in `.venv/` and installs the pinned packages into it (`requirements.txt`,
+versions fixed by `requirements.lock`: torch 2.13.0 CPU build, numpy, pytest, hypothesis, rich,
+matplotlib; a few minutes and about 1 GB on disk, once). torch's CPU build comes from PyTorch's CPU
+index ({torch_index}); without access to it, `make venv TORCH_INDEX=` installs `torch==2.13.0`
+from PyPI or from a local wheel that pip finds. To use your own environment instead:
+`make grade PY=/path/to/python`.
+
+## Grading
 
     make grade            # all parts, public tests
     make grade PART=2     # one part
 
 `make grade` prints a table (part, tests passed, points), then the first failure of each part with
-what was checked, the inputs' shapes, the largest error and where it occurs, and a hint. It also
-writes the same content to grade-report.json. Your final grade uses these public tests and hidden
-tests of the same kind (more shapes, seeds and edge cases).
+what was checked, the inputs' shapes, the largest error and where it occurs, and a hint. It writes
+the same content to `build/grade-report.json`. While not every test passes it exits with a
+non-zero status (for scripts and CI). Your final grade uses these public tests and hidden tests
+of the same kind (more shapes, seeds and edge cases).
 
 The grader runs your code in a separate process and checks results there, so printing, exiting or
-patching things inside your code cannot change a grade; it only costs you the test.
-{programs}"""
+patching things inside your code cannot change a grade; it only costs you the test. It also means
+that `breakpoint()` cannot stop there. To debug:
+
+    make debug PART=2     # the first failing public test of part 2, in this process
+
+runs that one test on the same inputs in the same process as your code, so `breakpoint()`, pdb and
+`print` work. It is not a grade: it does not isolate your code, and only `make grade` scores.
+
+## The lecture programs
+
+The five programs in `code/lecture05/` (`code/lecture05/README.md`) run the lecture on your own
+implementation: `make demos`, or one of them, e.g. `python code/lecture05/02_softmax.py`
+(`--impl DIR` for another folder). A part you have not implemented yet prints one line, e.g.
+"part 3 is not implemented yet: make grade PART=3", and the rest of the program runs.
+
+## What is here
+
+- `starter/`: your six files (the only files that are graded).
+- `docs/`: the handout, one page per part, and the guide to the simulated GPU.
+- `course/`: the course package your code may use (float64 references, the simulated GPU, the tiny
+  transformer, the cost model). Do not edit it: the grader uses its own copy.
+- `autograder/`: the grader, the rubric (`autograder/rubric.toml`) and the public tests
+  (`autograder/tests/`); how it works: `autograder/README.md`.
+- `code/lecture05/`: the lecture programs.
+- `.github/workflows/classroom.yml`: on every push GitHub Classroom runs `make grade-ci PART=N` for
+  each part (the public tests) and shows its points: a part's points when all of its tests pass.
+"""
+
+GITIGNORE = """\
+.venv/
+__pycache__/
+*.pyc
+.pytest_cache/
+.hypothesis/
+build/
+"""
+
+GRADER_README_NOTE = """\
+> This is the student copy of the grader's notes: how `make grade` runs and checks your code. The
+> hidden tests and the instructor tools it mentions are not part of this repository.
+
+"""
 
 
-def _copy(src: Path, dst: Path) -> list[Path]:
-    if src.is_file():
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
-        return [dst]
+def classroom_workflow() -> str:
+    """.github/workflows/classroom.yml: one GitHub Classroom autograding test per part.
+
+    The format GitHub Classroom writes itself: each test a `classroom-resources/autograding-command-
+    grader@v1` step (test-name, command, timeout in minutes, max-score) whose `result` output the
+    `classroom-resources/autograding-grading-reporter@v1` step collects (env `<STEP-ID>_RESULTS`,
+    `runners: id,id,...`). A command test scores max-score when the command exits 0, else 0; each
+    part is one test worth its rubric points, passed when all of the part's public tests pass.
+    """
+    rubric = tomllib.loads((ROOT / "autograder" / "rubric.toml").read_text(encoding="utf-8"))
+    steps, ids = [], []
+    for part in rubric["part"]:
+        n, name, points = int(part["number"]), str(part["name"]), int(part["points"])
+        ids.append(f"part{n}")
+        steps.append(f"""\
+    - name: "Part {n}: {name}"
+      id: part{n}
+      uses: classroom-resources/autograding-command-grader@v1
+      with:
+        test-name: "Part {n}: {name}"
+        setup-command: ""
+        command: "{classroom_command(n)}"
+        timeout: 10
+        max-score: {points}
+""")
+    reporter_env = "".join(f"        {i.upper()}_RESULTS: \"${{{{steps.{i}.outputs.result}}}}\"\n" for i in ids)
+    return f"""\
+# GitHub Classroom autograding: one test per part of the assignment, worth that part's points
+# (autograder/rubric.toml) when all of the part's public tests pass. Written by `make release`.
+name: Autograding Tests
+on:
+  - push
+  - repository_dispatch
+permissions:
+  checks: write
+  actions: read
+  contents: read
+jobs:
+  run-autograding-tests:
+    runs-on: ubuntu-latest
+    if: github.actor != 'github-classroom[bot]'
+    steps:
+    - name: Checkout code
+      uses: actions/checkout@v4
+    - name: Set up Python
+      uses: actions/setup-python@v5
+      with:
+        python-version: "{PYTHON}"
+    - name: Install the pinned packages (torch CPU build)
+      run: make venv
+{"".join(steps)}    - name: Autograding Reporter
+      uses: classroom-resources/autograding-grading-reporter@v1
+      env:
+{reporter_env}      with:
+        runners: {",".join(ids)}
+"""
+
+
+def classroom_command(part: int) -> str:
+    """The command one Classroom test runs (and tests/test_release.py runs locally): exit 0 when all
+    of the part's public tests pass."""
+    return f"make -s grade-ci PART={part}"
+
+
+def student_grader_readme() -> str:
+    """autograder/README.md without its instructor-tool sections, with a note on top."""
+    text = (ROOT / "autograder" / "README.md").read_text(encoding="utf-8")
+    head, *sections = re.split(r"(?m)^## ", text)
+    kept = [s for s in sections if not s.startswith(INSTRUCTOR_SECTIONS)]
+    title, _, rest = head.partition("\n")
+    return title + "\n\n" + GRADER_README_NOTE + rest.lstrip("\n") + "".join("## " + s for s in kept)
+
+
+def shipped_files() -> list[str]:
+    """Relative paths of every file of the student folders that ships as it is."""
     out = []
-    for f in sorted(src.rglob("*")):
-        rel = f.relative_to(src)
-        if f.is_dir() or SKIP & set(rel.parts) or f.suffix in (".pyc", ".pyo"):
-            continue
-        out += _copy(f, dst / rel)
+    for folder in STUDENT:
+        for f in sorted((ROOT / folder).rglob("*")):
+            rel = f.relative_to(ROOT)
+            if f.is_dir() or f.is_symlink() or SKIP & set(rel.parts) or f.suffix in (".pyc", ".pyo"):
+                continue
+            if rel.as_posix() in INSTRUCTOR_FILES:
+                continue
+            out.append(rel.as_posix())
     return out
 
 
-def _imports_solutions(path: Path) -> bool:
+def generated_files() -> dict[str, str]:
+    """Relative path -> text of every file the release gets that is written here."""
+    fmt = {"python": PYTHON, "torch_index": TORCH_CPU_INDEX}
+    return {
+        "Makefile": MAKEFILE.format(**fmt),
+        "README.md": README.format(**fmt),
+        "requirements.txt": (ROOT / "requirements-student.txt").read_text(encoding="utf-8"),
+        "requirements.lock": (ROOT / "requirements-student.lock").read_text(encoding="utf-8"),
+        ".gitignore": GITIGNORE,
+        ".github/workflows/classroom.yml": classroom_workflow(),
+        "autograder/README.md": student_grader_readme(),
+    }
+
+
+def _previous_manifest(out: Path) -> list[str] | None:
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except SyntaxError:
-        return True
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "solutions" for a in node.names):
-            return True
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "solutions":
-            return True
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"solutions(\.\w+)*", node.value):
-            return True  # importlib.import_module("solutions.x")
-    return False
+        return json.loads((out / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def build(out: Path) -> dict:
-    """Write the release into `out` (must be empty or absent) and scan it. Returns what was done."""
+    """Write the release into `out` and scan it. `out` may be absent, empty, hold only a `.git`, or
+    be a previous release (then the files it wrote are replaced and nothing else is touched)."""
     out = Path(out).resolve()
-    if out == ROOT or ROOT.is_relative_to(out):
+    if out == ROOT or ROOT.is_relative_to(out) or out.is_relative_to(ROOT / "instructor"):
         raise SystemExit(f"error: refusing to write the release over the repository ({out})")
-    if out.exists() and (out / STAMP).is_file():
-        shutil.rmtree(out)  # a previous release written by this command: replace it
-    if out.exists() and any(out.iterdir()):
+    previous = _previous_manifest(out) if out.is_dir() else None
+    if out.is_dir() and previous is None and any(p.name != ".git" for p in out.iterdir()):
         raise SystemExit(f"error: {out} is not empty (and not a previous release); remove it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    missing = []
-    for src, dst in CONTENTS:
-        if (ROOT / src).exists():
-            _copy(ROOT / src, out / dst)
-        else:
-            missing.append(src)
-    included, left_out = [], []
-    programs = ROOT / "code" / "lecture05"
-    for p in sorted(programs.glob("*.py")) if programs.is_dir() else []:
-        if _imports_solutions(p):
-            left_out.append(p.name)
-        else:
-            _copy(p, out / "code" / "lecture05" / p.name)
-            included.append(p.name)
-    demos = bool(included)
-    (out / "Makefile").write_text(MAKEFILE.format(
-        demos_phony=" demos" if demos else "",
-        demos_help='\n\t@echo "make demos                              run the lecture programs in code/lecture05"' if demos else "",
-        demos_rule=("\ndemos: $(DEPS)\n\t@for p in code/lecture05/0*.py; do echo; echo \"=== $$p ===\"; $(PY) $$p || exit 1; done\n"
-                    if demos else "")))
-    prog_text = ""
-    if included:
-        prog_text = ("\nThe lecture programs in `code/lecture05/` (" + ", ".join(included) + ") run with `make demos`.")
-    if left_out:
-        prog_text += ("\nThe lecture programs " + ", ".join(left_out) + " are not included: they run the reference "
-                      "solutions.")
-    (out / "README.md").write_text(README.format(programs=prog_text))
-    (out / STAMP).write_text("written by python -m instructor.release; `make release` replaces this folder\n")
-    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.pyc\n.pytest_cache/\n.hypothesis/\n/grade-report.json\nbuild/\n.release-stamp\n")
+    copied, generated = shipped_files(), generated_files()
+    files = sorted(set(copied) | set(generated) | {MANIFEST})
+    for rel in previous or []:  # files of the previous release that this one no longer has
+        stale = out / rel
+        if rel not in files and stale.is_file() and ".git" not in Path(rel).parts:
+            stale.unlink()
+            for parent in stale.parents:
+                if parent == out or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+    for rel in copied:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, out / rel)
+    for rel, text in generated.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text, encoding="utf-8")
+    (out / MANIFEST).write_text(json.dumps({"written_by": "python -m instructor.release (make release)",
+                                            "files": files}, indent=1) + "\n", encoding="utf-8")
     problems = scan(out)
     if problems:
         raise SystemExit("error: the release leaks instructor material:\n  " + "\n  ".join(problems[:20]))
-    return {"out": str(out), "programs_included": included, "programs_left_out": left_out, "missing": missing}
+    programs = sorted(p for p in copied if re.fullmatch(r"code/lecture05/0\d_\w+\.py", p))
+    return {"out": str(out), "files": files, "programs": [Path(p).name for p in programs]}
+
+
+def student_lock(requirements: Path = ROOT / "requirements-student.txt") -> str:
+    """requirements-student.lock: the pins of `requirements` and of everything they need, as
+    installed in this environment (importlib.metadata), one `name==version` a line, sorted."""
+    import importlib.metadata as md
+    from packaging.requirements import Requirement
+
+    roots = [Requirement(line.split("#", 1)[0].strip()) for line in requirements.read_text().splitlines()
+             if line.split("#", 1)[0].strip()]
+    seen: dict[str, str] = {}
+    todo = [r.name for r in roots]
+    while todo:
+        name = todo.pop()
+        dist = md.distribution(name)
+        key = dist.metadata["Name"]
+        if key.lower() in {k.lower() for k in seen}:
+            continue
+        seen[key] = dist.version
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    pins = {k: ("2.13.0" if k == "torch" else v) for k, v in seen.items()}  # no local label: +cpu and plain alike
+    return "".join(f"{k}=={v}\n" for k, v in sorted(pins.items(), key=lambda kv: kv[0].lower()))
+
+
+def instructor_imports(release: Path) -> list[str]:
+    """Every import of an instructor-only package (INSTRUCTOR) in the release's Python files:
+    `import x`, `from x import`, and importlib.import_module("x...") / __import__("x...")."""
+    found = []
+    for f in sorted(Path(release).rglob("*.py")):
+        rel = f.relative_to(release).as_posix()
+        if ".git" in f.relative_to(release).parts:
+            continue
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"), filename=rel)
+        except (SyntaxError, UnicodeDecodeError) as e:
+            found.append(f"{rel}: cannot be parsed ({e})")
+            continue
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str) \
+                    and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__"):
+                names = [node.args[0].value]
+            for name in names:
+                if name.split(".")[0] in INSTRUCTOR:
+                    found.append(f"{rel}:{node.lineno}: imports {name} (instructor-only)")
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +458,7 @@ def _copied_regions(text: str, prints: dict[tuple[str, ...], str]) -> set[str]:
 
 def _text_files(folder: Path) -> Iterable[tuple[Path, str]]:
     for f in sorted(folder.rglob("*")):
-        if f.is_file() and not f.is_symlink():
+        if f.is_file() and not f.is_symlink() and ".git" not in f.relative_to(folder).parts:
             try:
                 yield f, f.read_text(encoding="utf-8")
             except UnicodeDecodeError:
@@ -308,8 +506,10 @@ def scan(release: Path, extra_canaries: Iterable[str] = ()) -> list[str]:
             problems.append(f"{rel}: contains code copied from the solution region at {where}")
         for where in sorted({hidden_prints[k] for k in _copied_keys(text, hidden_prints)}):
             problems.append(f"{rel}: contains code copied from the hidden test {where}")
-    if (release / "instructor").exists():
-        problems.append("instructor/: the instructor-only folder is present")
+    for folder in INSTRUCTOR:
+        if (release / folder).exists():
+            problems.append(f"{folder}/: an instructor-only folder is present")
+    problems += instructor_imports(release)
     return problems
 
 
@@ -324,11 +524,8 @@ def main(argv: list[str] | None = None) -> int:
                                       f"{len(solution_regions())} solution regions checked)")
         return 1 if problems else 0
     info = build(a.out)
-    print(f"release written to {info['out']} (scanned: clean)")
-    if info["programs_left_out"]:
-        print("left out (they run the solutions): " + ", ".join(info["programs_left_out"]))
-    if info["missing"]:
-        print("not in the repository yet: " + ", ".join(info["missing"]), file=sys.stderr)
+    print(f"release written to {info['out']}: {len(info['files'])} files, programs {', '.join(info['programs'])} "
+          f"(scanned: clean)")
     return 0
 
 

@@ -1,2 +1,2 @@
-# Generated from solutions/__init__.py by `make starter` (python -m instructor.make_starter): edit there, not here.
-"""Reference solutions of the six graded parts (the starter is generated from these files)."""
+# Your implementation of the six graded parts, one file per part (docs/handout/README.md).
+"""Your implementation of the assignment: one file per part; `make grade` grades them."""

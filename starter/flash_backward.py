@@ -1,4 +1,6 @@
-# Generated from solutions/flash_backward.py by `make starter` (python -m instructor.make_starter): edit there, not here.
+# Part 4 of the assignment: your implementation. Replace each `raise NotImplementedError`
+# below with your code (docs/handout/part4_flash_backward.md). `make grade PART=4` grades this file;
+# `make debug PART=4` runs its first failing test where breakpoint() and print work.
 """Part 4: the FlashAttention backward pass with recomputation, and its autograd.Function (§7).
 
 The forward saved only q, k, v, o and lse (one number per query row). The backward recomputes

@@ -1,4 +1,6 @@
-# Generated from solutions/flash_decoding.py by `make starter` (python -m instructor.make_starter): edit there, not here.
+# Part 6 of the assignment: your implementation. Replace each `raise NotImplementedError`
+# below with your code (docs/handout/part6_flash_decoding.md). `make grade PART=6` grades this file;
+# `make debug PART=6` runs its first failing test where breakpoint() and print work.
 """Part 6: Flash-Decoding, attention split along the keys (lecture §8.4).
 
 A decode step has one query per sequence, so FA2 has only (batch × heads) thread blocks.

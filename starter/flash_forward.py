@@ -1,4 +1,6 @@
-# Generated from solutions/flash_forward.py by `make starter` (python -m instructor.make_starter): edit there, not here.
+# Part 2 of the assignment: your implementation. Replace each `raise NotImplementedError`
+# below with your code (docs/handout/part2_flash_forward.md). `make grade PART=2` grades this file;
+# `make debug PART=2` runs its first failing test where breakpoint() and print work.
 """Part 2: the FlashAttention-2 forward pass in PyTorch (lecture §5.1, §6.2, §6.3).
 
 Tiles of B_r query rows (outer loop) meet tiles of B_c key/value rows (inner loop); each tile's

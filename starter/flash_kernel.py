@@ -1,4 +1,6 @@
-# Generated from solutions/flash_kernel.py by `make starter` (python -m instructor.make_starter): edit there, not here.
+# Part 3 of the assignment: your implementation. Replace each `raise NotImplementedError`
+# below with your code (docs/handout/part3_flash_kernel.md). `make grade PART=3` grades this file;
+# `make debug PART=3` runs its first failing test where breakpoint() and print work.
 """Part 3: the FlashAttention-2 forward as a CUDA-style kernel on the simulated GPU (§5.2–§6.2).
 
 Each thread block owns B_r query rows (one Q block) and each of its B_r threads owns ONE query

@@ -1,4 +1,6 @@
-# Generated from solutions/kv_cache.py by `make starter` (python -m instructor.make_starter): edit there, not here.
+# Part 5 of the assignment: your implementation. Replace each `raise NotImplementedError`
+# below with your code (docs/handout/part5_kv_cache.md). `make grade PART=5` grades this file;
+# `make debug PART=5` runs its first failing test where breakpoint() and print work.
 """Part 5: the KV cache and cached greedy generation for the tiny transformer (lecture §8.2).
 
 At decode step t the keys and values of the earlier tokens are exactly those of the previous

@@ -1,4 +1,6 @@
-# Generated from solutions/online_softmax.py by `make starter` (python -m instructor.make_starter): edit there, not here.
+# Part 1 of the assignment: your implementation. Replace each `raise NotImplementedError`
+# below with your code (docs/handout/part1_online_softmax.md). `make grade PART=1` grades this file;
+# `make debug PART=1` runs its first failing test where breakpoint() and print work.
 """Part 1: three softmaxes and the merge ⊕ (lecture §4).
 
 All softmaxes work over the last dim of a tensor of any shape. A summary of a row segment is

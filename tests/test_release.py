@@ -1,20 +1,27 @@
-"""Student release: built into a temp folder, scanned for leaks, and graded with its own Makefile."""
+"""Student release: built into a temp folder, scanned for leaks, graded with its own Makefile, and
+proved free of instructor-only code (statically, and by running it with the instructor tree absent)."""
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
+from instructor import release as rel
 from instructor.release import build, canaries, scan, solution_fingerprints, solution_regions
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ["online_softmax.py", "flash_forward.py", "flash_kernel.py", "flash_backward.py", "kv_cache.py",
          "flash_decoding.py"]
+PROGRAMS = ["01_attention.py", "02_softmax.py", "03_flash_on_gpusim.py", "04_backward.py", "05_inference.py"]
+RUBRIC = tomllib.loads((ROOT / "autograder" / "rubric.toml").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +31,14 @@ def release(tmp_path_factory):
     return out, info
 
 
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+
+
 def _make(release: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MAKEFLAGS", "MAKELEVEL")}
     # PY=: use this venv instead of making one in the release (no network, no reinstall)
     return subprocess.run(["make", "-s", "-C", str(release), *args, f"PY={sys.executable}"], capture_output=True,
-                          text=True, env=env, timeout=900)
+                          text=True, env=_env(), timeout=900)
 
 
 def test_the_release_has_the_student_files_and_nothing_secret(release):
@@ -38,13 +48,57 @@ def test_the_release_has_the_student_files_and_nothing_secret(release):
         assert (out / "starter" / f).read_bytes() == (ROOT / "starter" / f).read_bytes()
     assert (out / "Makefile").is_file() and (out / "autograder" / "engine" / "runner.py").is_file()
     assert (out / "docs" / "handout" / "README.md").is_file() and (out / "course" / "__init__.py").is_file()
-    assert sorted(p.name for p in (out / "autograder" / "tests").glob("test_*.py")) == \
-        sorted(p.name for p in (ROOT / "autograder" / "tests").glob("test_*.py"))
-    assert not (out / "solutions").exists() and not (out / "instructor").exists()
+    assert sorted(p.name for p in (out / "autograder" / "tests").glob("*.py")) == \
+        sorted(p.name for p in (ROOT / "autograder" / "tests").glob("*.py"))
+    assert info["programs"] == PROGRAMS, "all five lecture programs ship"
+    for f in ("code/lecture05/README.md", "code/lecture05/attention_kernels.py", "autograder/README.md",
+              "autograder/debug.py", ".github/workflows/classroom.yml", "requirements.txt", "requirements.lock"):
+        assert (out / f).is_file(), f
+    for folder in rel.INSTRUCTOR:
+        assert not (out / folder).exists(), folder
     for tool in ("batch.py", "gradescope", "nbgrader_channel.py", "release.py", "redteam", "mutations"):
         assert not (out / "autograder" / tool).exists(), tool
     assert scan(out) == []
     assert not [p for p in out.rglob("*") if "__pycache__" in p.parts]
+
+
+def test_every_top_level_entry_says_who_gets_it():
+    """The release copies folders: a new top-level folder must be declared student or instructor."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    top = {p.split("/", 1)[0] for p in listed if not p.startswith(".")}
+    known = set(rel.STUDENT) | set(rel.INSTRUCTOR) | set(rel.TOP_LEVEL_FILES)
+    assert not top - known, f"declare these in instructor/release.py (STUDENT, INSTRUCTOR or TOP_LEVEL_FILES): {top - known}"
+    assert not set(rel.STUDENT) & set(rel.INSTRUCTOR)
+
+
+def test_the_release_copies_whole_folders(release):
+    """Every file of the student folders ships (a helper added next to the tests ships with them),
+    except the declared instructor-only files, which are replaced."""
+    out, _ = release
+    for folder in rel.STUDENT:
+        for f in (ROOT / folder).rglob("*"):
+            r = f.relative_to(ROOT)
+            if f.is_file() and not rel.SKIP & set(r.parts) and f.suffix != ".pyc" and r.as_posix() not in rel.INSTRUCTOR_FILES:
+                assert (out / r).read_bytes() == f.read_bytes(), r
+    grader_notes = (out / "autograder" / "README.md").read_text()
+    assert "student copy" in grader_notes and "BEGIN SOLUTION" not in grader_notes
+    assert "## Tolerance policy" in grader_notes, "the notes the test messages point to are there"
+
+
+def test_nothing_shipped_imports_instructor_code(release, tmp_path):
+    out, _ = release
+    assert rel.instructor_imports(out) == []
+    leaky = tmp_path / "leaky"
+    shutil.copytree(out, leaky, ignore=shutil.ignore_patterns(".git"))
+    (leaky / "autograder" / "tests" / "helper.py").write_text(
+        "import instructor.batch\nfrom solutions.flash_forward import flash_forward\n"
+        "import importlib\nimportlib.import_module('tests.lecture_programs')\nfrom benchmarks import x\n")
+    found = "\n".join(rel.instructor_imports(leaky))
+    for name in ("instructor.batch", "solutions.flash_forward", "tests.lecture_programs", "benchmarks"):
+        assert f"imports {name} (instructor-only)" in found, name
+    assert "autograder/tests/helper.py:1:" in found
+    assert any("imports instructor.batch" in p for p in scan(leaky)), "the scan refuses such a release"
 
 
 def test_the_scan_finds_each_kind_of_leak(release, tmp_path):
@@ -60,7 +114,7 @@ def test_the_scan_finds_each_kind_of_leak(release, tmp_path):
     token = "CANARY-TEST-0123456789ab"
     (leaky / "docs" / "x.md").write_text(f"<!-- {token} -->\n")
     problems = "\n".join(scan(leaky, extra_canaries=[token]))
-    assert "instructor-only folder is present" in problems
+    assert "instructor/: an instructor-only folder is present" in problems
     assert "copied.py: contains code copied from the hidden test" in problems  # renamed: found by content
     assert "course/helpers.py: contains code copied from the solution region" in problems
     assert "notes.md: contains a solution marker" in problems
@@ -68,6 +122,7 @@ def test_the_scan_finds_each_kind_of_leak(release, tmp_path):
 
 
 def test_canaries_are_read_from_the_list_and_the_protected_files():
+    assert rel.CANARIES.is_file(), "the canary list is instructor/canaries.txt"
     tokens = canaries()
     planted = {t for folder in (ROOT / "solutions", ROOT / "instructor" / "hidden_tests")
                for f in folder.glob("*.py") for t in re.findall(r"CANARY-[A-Z]+-[0-9A-Za-z]{6,}", f.read_text())}
@@ -82,14 +137,102 @@ def test_no_run_of_solution_lines_is_counted_when_it_is_public_course_code():
     assert prints and not [k for k in prints if "\n".join(k) in " ".join(course_text.split())]
 
 
+def test_rebuilding_keeps_git_and_writes_only_its_own_files(tmp_path):
+    out = tmp_path / "repo"
+    (out / ".git").mkdir(parents=True)
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    build(out)  # a folder holding only .git: allowed (a fresh clone of the student repository)
+    (out / "my-notes.txt").write_text("mine\n")
+    (out / "docs" / "stale.md").write_text("from an older release\n")
+    manifest = (out / rel.MANIFEST).read_text()
+    (out / rel.MANIFEST).write_text(manifest.replace('"files": [', '"files": [\n  "docs/stale.md",'))
+    info = build(out)
+    assert (out / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n", ".git is kept"
+    assert (out / "my-notes.txt").read_text() == "mine\n", "a file the release did not write is kept"
+    assert not (out / "docs" / "stale.md").exists(), "a file of the previous release that is gone is removed"
+    assert "Makefile" in info["files"] and (out / "Makefile").is_file()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "thesis.tex").write_text("x")
+    with pytest.raises(SystemExit, match="not empty"):
+        build(other)
+
+
+def test_student_requirements_have_no_instructor_tools_and_cpu_torch():
+    req = (ROOT / "requirements-student.txt").read_text()
+    lock = (ROOT / "requirements-student.lock").read_text()
+    names = {line.split("==")[0].lower() for line in lock.split()}
+    wanted = {line.split("#")[0].split("==")[0].strip().lower() for line in req.splitlines() if line.split("#")[0].strip()}
+    assert wanted <= names
+    for tool in ("nbgrader", "numba", "jupyterlab", "notebook", "ipykernel", "jupyter-server", "jupyter_server"):
+        assert tool not in names, tool
+    assert "torch==2.13.0" in lock.split() and "torch==2.13.0" in req.split()
+    assert lock == rel.student_lock(), "requirements-student.lock is stale: run `make lock`"
+    mk = rel.generated_files()["Makefile"]
+    assert f"--extra-index-url $(TORCH_INDEX)" in mk and rel.TORCH_CPU_INDEX in mk, "the CPU build's index"
+
+
+def test_every_import_of_the_release_is_in_the_student_lock(release):
+    """Each top-level import of a shipped .py file is the standard library, the release itself, or
+    a package of requirements-student.lock."""
+    import ast
+
+    out, _ = release
+    pinned = {line.split("==")[0].lower().replace("_", "-") for line in (out / "requirements.lock").read_text().split()}
+    dists = md.packages_distributions()
+    local = {p.name.removesuffix(".py") for p in out.iterdir()} | {"attention_kernels", "_graded_submission"}
+    missing = set()
+    for f in out.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            for m in mods:
+                top = m.split(".")[0]
+                if top in sys.stdlib_module_names or top in local:
+                    continue
+                if not {d.lower().replace("_", "-") for d in dists.get(top, [top])} & pinned:
+                    missing.add(f"{f.relative_to(out)}: {m}")
+    assert not missing, missing
+
+
+def test_the_release_readme_says_python_first_run_and_report_path(release):
+    out, _ = release
+    readme = (out / "README.md").read_text()
+    assert "Python 3.11" in readme and "first `make` command creates" in readme
+    default_report = re.search(r'default=Path\("([^"]+)"\)', (ROOT / "autograder" / "grade.py").read_text())[1]
+    assert f"`{default_report}`" in readme, "the report path the grader writes"
+    for ref in re.findall(r"`((?:starter|course|autograder|code|docs)/[\w./-]+)`", readme):
+        assert (out / ref).exists(), ref
+
+
+def test_files_named_in_shipped_text_exist_in_the_release(release):
+    """References from shipped code and docs to files of the student folders resolve in the release
+    (the test messages point students to autograder/README.md and code/lecture05/README.md)."""
+    out, _ = release
+    bad = set()
+    pattern = re.compile(r"\b((?:starter|course|autograder|code|docs)/[\w./-]*\w\.(?:md|py|toml|txt|png|pt))\b")
+    for f in out.rglob("*"):
+        if f.is_file() and f.suffix in (".py", ".md", ".toml") and ".git" not in f.parts:
+            for ref in pattern.findall(f.read_text()):
+                if "partN" not in ref and not (out / ref).exists():
+                    bad.add(f"{f.relative_to(out)}: {ref}")
+    assert not bad, bad
+
+
 def test_make_grade_in_the_release_scores_the_starter_zero_and_the_solutions_full(release, tmp_path):
     out, _ = release
+    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u, sys; "
+                            f"sys.exit(any(u.find_spec(m) for m in {list(rel.INSTRUCTOR)!r}))"],
+                           cwd=out, env={**_env(), "PYTHONPATH": str(out)}, capture_output=True, text=True)
+    assert probe.returncode == 0, "the instructor tree must be absent (not importable) for this test to prove anything"
     r = _make(out, "grade")
-    assert r.returncode != 0  # not every test passed
+    assert r.returncode != 0  # not every test passed: a non-zero status for CI
     text = r.stdout + r.stderr
     assert "not implemented" in text
+    assert "make: ***" not in text and "Error 1" not in text, "no raw make error for 'not full marks yet'"
     total = re.search(r"total\D+([\d.]+)\s*/\s*100", text)
     assert total and float(total.group(1)) == 0.0, text[-3000:]
+    assert "ModuleNotFoundError" not in text and "ImportError" not in text, text[-3000:]
     # the solutions copied into the release score full marks there (part 1: the cheapest part)
     mine = out / "mine"
     mine.mkdir()
@@ -98,3 +241,34 @@ def test_make_grade_in_the_release_scores_the_starter_zero_and_the_solutions_ful
     r = _make(out, "grade", "IMPL=mine", "PART=1")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert re.search(r"total\D+15(\.0+)?\s*/\s*15", r.stdout), r.stdout[-2000:]
+    assert (out / "build" / "grade-report.json").is_file()
+    shutil.rmtree(mine)
+
+
+def test_the_classroom_workflow_reports_points_per_part_and_its_commands_run(release, tmp_path):
+    """GitHub Classroom's format (classroom-resources/autograding-command-grader + the grading
+    reporter); each part's command, run here as the workflow runs it, exits 0 exactly when the
+    part's public tests all pass."""
+    out, _ = release
+    wf = yaml.safe_load((out / ".github" / "workflows" / "classroom.yml").read_text())
+    steps = wf["jobs"]["run-autograding-tests"]["steps"]
+    tests = [s for s in steps if str(s.get("uses", "")).startswith("classroom-resources/autograding-command-grader@")]
+    points = {int(p["number"]): int(p["points"]) for p in RUBRIC["part"]}
+    assert [int(s["with"]["max-score"]) for s in tests] == list(points.values()) and sum(points.values()) == 100
+    reporter = next(s for s in steps if str(s.get("uses", "")).startswith("classroom-resources/autograding-grading-reporter@"))
+    ids = [s["id"] for s in tests]
+    assert reporter["with"]["runners"].split(",") == ids
+    assert reporter["env"] == {f"{i.upper()}_RESULTS": f"${{{{steps.{i}.outputs.result}}}}" for i in ids}
+    assert any(s.get("run") == "make venv" for s in steps), "the pinned packages are installed first"
+    # run the commands as the workflow does (in the release, with this venv instead of `make venv`)
+    env = {**_env(), "PY": sys.executable}
+    for s, part in zip(tests, points):
+        assert s["with"]["command"] == rel.classroom_command(part)
+        r = subprocess.run(s["with"]["command"], shell=True, cwd=out, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode != 0, f"part {part}: the starter must not score"
+    work = tmp_path / "graded"
+    shutil.copytree(out, work)
+    shutil.copy(ROOT / "solutions" / "online_softmax.py", work / "starter" / "online_softmax.py")
+    r = subprocess.run(tests[0]["with"]["command"], shell=True, cwd=work, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]  # part 1 passes: its 15 points

@@ -22,7 +22,8 @@ def test_starter_has_no_solution_code_and_imports():
     for path in sorted((REPO / "starter").glob("*.py")):
         text = path.read_text()
         assert "### BEGIN SOLUTION" not in text and "### END SOLUTION" not in text, path.name
-        assert text.startswith("# Generated from solutions/"), path.name
+        assert text.startswith(ms.header(path.name)), path.name
+        assert "solutions" not in text, f"{path.name}: the student's files do not name the instructor's folder"
         ast.parse(text)
 
 
@@ -53,7 +54,10 @@ class C:
 
 def test_regions_become_raise_with_the_same_indentation_and_hints_stay():
     out = ms.stub_source(SOURCE, "demo.py")
-    assert out.splitlines()[0].startswith("# Generated from solutions/demo.py")
+    assert out.startswith(ms.header("demo.py"))  # a file of no part: the package header
+    assert ms.stub_source(SOURCE, "flash_forward.py").startswith(
+        "# Part 2 of the assignment: your implementation."), "a graded file's header names its part"
+    assert "docs/handout/part2_flash_forward.md" in ms.header("flash_forward.py")
     assert "    check(x)\n    raise NotImplementedError\n" in out
     assert "            # inner hint\n            raise NotImplementedError\n        return 0\n" in out
     assert "# §4.3 hint: keep the running max m and the sum l." in out
