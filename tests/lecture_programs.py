@@ -13,10 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "code" / "lecture05"
 
 
-def run_program(name: str, *args: str, timeout: float = 300) -> str:
-    """Run code/lecture05/<name> and return its stdout; fail with its stderr's tail if it fails."""
-    proc = subprocess.run([sys.executable, str(PROGRAMS / name), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"})
+def run_program(name: str, *args: str, timeout: float = 300, root: Path = ROOT, env: dict | None = None) -> str:
+    """Run <root>/code/lecture05/<name> (root: this repository, or a student release) and return its
+    stdout; fail with its stderr's tail if it fails. env: extra environment variables."""
+    proc = subprocess.run([sys.executable, str(root / "code" / "lecture05" / name), *args], cwd=root,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "120", **(env or {})})
     assert proc.returncode == 0, f"{name} {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
     return proc.stdout
 
