@@ -11,7 +11,8 @@ on the same case, calling your functions directly in this process, so `breakpoin
 
 It is NOT a grade and not the grader: nothing is isolated (no worker, no time or memory limits, no
 static checks), and a test that passes here can still fail under `make grade` (e.g. by a time
-limit). Only `make grade` scores.
+limit). Only `make grade` scores. Exit status: 0 once the test has run (whatever it found), 2 for
+a bad argument.
 """
 from __future__ import annotations
 
@@ -151,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
             print("\nyour code raised (full traceback):")
             traceback.print_exc(file=sys.stdout)
         print(f"\n{BANNER}\nFix, then `make grade PART={failure['part']}` for the score.")
-        return 1
+        return 0
     print(f"\nthis test passes here, in this process; under the grader it did not ({failure.get('message')}).\n"
           "Differences: the grader's time and memory limits, its separate process and its static checks.\n"
           f"{BANNER}")
-    return 1
+    return 0
 
 
 if __name__ == "__main__":
