@@ -513,6 +513,23 @@ def scan(release: Path, extra_canaries: Iterable[str] = ()) -> list[str]:
     return problems
 
 
+SIZE_GROUPS = (("student code", ("starter",)), ("engine", ("autograder/engine",)),
+               ("checks (autograder/ without engine/)", ("autograder",)), ("course", ("course",)),
+               ("programs", ("code",)), ("docs", ("docs",)), ("top-level files", (".",)))
+
+
+def sizes(release: Path) -> list[tuple[str, int, int]]:
+    """(group, files, text lines) of a release, each file counted in the first group that holds it."""
+    release, seen, out = Path(release), set(), []
+    for name, folders in SIZE_GROUPS:
+        files = [f for d in folders for f in sorted((release / d).rglob("*"))
+                 if f.is_file() and f not in seen and ".git" not in f.relative_to(release).parts]
+        seen.update(files)
+        lines = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files if f.suffix not in (".png", ".pt"))
+        out.append((name, len(files), lines))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m instructor.release", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "student-release")
@@ -526,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     info = build(a.out)
     print(f"release written to {info['out']}: {len(info['files'])} files, programs {', '.join(info['programs'])} "
           f"(scanned: clean)")
+    for name, n, lines in sizes(a.out):
+        print(f"  {name:38s} {n:4d} files {lines:7,d} lines")
     return 0
 
 
