@@ -169,7 +169,7 @@ def test_student_requirements_have_no_instructor_tools_and_cpu_torch():
     assert "torch==2.13.0" in lock.split() and "torch==2.13.0" in req.split()
     assert lock == rel.student_lock(), "requirements-student.lock is stale: run `make lock`"
     mk = rel.generated_files()["Makefile"]
-    assert f"--extra-index-url $(TORCH_INDEX)" in mk and rel.TORCH_CPU_INDEX in mk, "the CPU build's index"
+    assert "--extra-index-url $(TORCH_INDEX)" in mk and rel.TORCH_CPU_INDEX in mk, "the CPU build's index"
 
 
 def test_every_import_of_the_release_is_in_the_student_lock(release):
