@@ -131,7 +131,7 @@ def test_intake_reads_zips_without_extracting_and_refuses_zip_slip(tmp_path):
     assert sorted(taken.files) == sorted(FILES)
     why = dict(taken.rejected)
     assert "escapes" in why["../../evil.py"] and "absolute" in why["/abs/online_softmax.py"]
-    assert "backslash" in why["carol/..\\sneaky.py"] and "symbolic link" in why["carol/link.py"]
+    assert "escapes" in why["carol/..\\sneaky.py"] and "symbolic link" in why["carol/link.py"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["dest"])  # nothing else written
     assert not (tmp_path.parent / "evil.py").exists()
 
