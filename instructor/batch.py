@@ -145,7 +145,7 @@ def list_entries(folder: Path) -> list[Entry]:
                 k += 1
                 name = f"{base}-{k}"
         taken.add(name)
-        out.append(Entry(name, p, sanitize.line(p.name, 300)))
+        out.append(Entry(name, p, sanitize.name(p.name, 300)))
     return out
 
 

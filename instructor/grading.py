@@ -178,7 +178,7 @@ def result(sub: intake.Submission, report: dict | None, failure: dict | None, op
     view["sandbox"] = info["sandbox"]
     view["hashes"] = {**full.get("hashes", {}), "intake_sha256": sub.sha256,
                       "pip_freeze_sha256": env["pip_freeze_sha256"], "python": env["python"]}
-    return Graded(name=sub.name, source=sanitize.line(sub.source, 500), status=status, reason=reason, view=view,
+    return Graded(name=sub.name, source=sanitize.name(sub.source, 500), status=status, reason=reason, view=view,
                   failure=failure, timing=(report or {}).get("timing"), elapsed_s=elapsed)
 
 
@@ -221,13 +221,14 @@ def write_outputs(folder: Path, graded: Graded) -> None:
     the instructor only grading-error.txt when grading failed."""
     from .gradescope.results import results_json
 
+    def write(name: str, text: str) -> None:  # JSON is ASCII; text is sanitized (the escape handler is a backstop)
+        (folder / name).write_text(text, encoding="utf-8", errors="backslashreplace")
+
     folder.mkdir(parents=True, exist_ok=True)
     notes = graded.view["intake"]["notes"]
-    (folder / "feedback.json").write_text(json.dumps(graded.view, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (folder / "feedback.md").write_text(feedback_markdown(graded), encoding="utf-8")
-    (folder / "results.json").write_text(json.dumps(results_json(graded.view, notes=notes), indent=2) + "\n",
-                                         encoding="utf-8")
+    write("feedback.json", json.dumps(graded.view, indent=2, sort_keys=True) + "\n")
+    write("feedback.md", feedback_markdown(graded))
+    write("results.json", json.dumps(results_json(graded.view, notes=notes), indent=2) + "\n")
     if graded.failure:
-        (folder / "grading-error.txt").write_text(
-            graded.failure["reason"] + "\n\n" + sanitize.block(graded.failure.get("traceback", ""), 20000, 400),
-            encoding="utf-8")
+        write("grading-error.txt", graded.failure["reason"] + "\n\n"
+              + sanitize.block(graded.failure.get("traceback", ""), 20000, 400))

@@ -333,12 +333,12 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
 def _ignore(sub: Submission, path: str) -> None:
     sub.ignored_count += 1
     if len(sub.ignored) < 50:
-        sub.ignored.append(sanitize.line(path, 200))
+        sub.ignored.append(sanitize.name(path, 200))
 
 
 def _reject(sub: Submission, path: str, why: str) -> None:
     """Record a rejected path; the name is the submission's choice (any bytes): sanitized here."""
-    sub.rejected.append((sanitize.line(path, 200), sanitize.line(why, 300)))
+    sub.rejected.append((sanitize.name(path, 200), sanitize.line(why, 300)))
 
 
 def _collect(candidates: dict[str, list[str]], wanted: set[str], sub: Submission, max_bytes: int, read) -> dict[str, bytes]:

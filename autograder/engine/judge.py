@@ -138,8 +138,9 @@ def _student_error(err: Any, target: str, name: str) -> StudentError:
     is one of a fixed set. A hidden test shows none of them (StudentError.redacted)."""
     if type(err) is not dict:
         return StudentError(f"{target} failed", kind="protocol", target=target)
-    kind = err.get("kind") if err.get("kind") in {"exit", "not_implemented", "not_plain", "memory", "exception",
-                                                   "import"} else "exception"
+    kind = err.get("kind")
+    if type(kind) is not str or kind not in {"exit", "not_implemented", "not_plain", "memory", "exception", "import"}:
+        kind = "exception"
     exc_type = sanitize.line(err.get("type", "Exception"), 80)
     raw_where = err.get("where")
     where = None

@@ -69,6 +69,18 @@ def line(value: object, limit: int = LINE_CHARS) -> str:
     return _cut(_WS.sub(" ", _printable(text)).strip(), limit)
 
 
+def name(value: object, limit: int = LINE_CHARS) -> str:
+    """A file or entry name as one printable line that still tells names apart: whitespace other
+    than inner spaces is spelled out (\\x09), and a name of spaces is shown in quotes."""
+    try:
+        text = _text(value)
+    except Exception:  # noqa: BLE001
+        return "(unprintable)"
+    text = "".join(f"\\x{ord(c):02x}" if c.isspace() and c != " " and ord(c) < 0x100 else c for c in text)
+    out = _cut(_printable(text), limit)
+    return out if out.strip() and out == out.strip() else f'"{out}"'
+
+
 def block(value: object, limit: int = BLOCK_CHARS, max_lines: int = BLOCK_LINES) -> str:
     """Multi-line printable text (printed output): each line as `line` would clean it, but spaces
     kept; at most `max_lines` lines and `limit` characters in all."""
