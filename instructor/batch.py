@@ -317,10 +317,15 @@ def write_grades_csv(path: Path, rows: list[Graded]) -> None:
     for r in sorted(rows, key=lambda r: r.name):
         by = {p["part"]: p["points"] for p in r.view["parts"]}
         failed_ = r.status == "failed to grade"
-        w.writerow([r.name, r.source, r.status, *["" if failed_ else f"{by.get(n, 0):g}" for n in parts],
+        w.writerow([r.name, _cell(r.source), r.status, *["" if failed_ else f"{by.get(n, 0):g}" for n in parts],
                     "" if failed_ else f"{r.view['total']:g}", f"{r.view['max_total']:g}",
                     r.view.get("intake", {}).get("sha256", ""), sanitize.line(r.reason, 300)])
     path.write_text(buf.getvalue(), encoding="utf-8")
+
+
+def _cell(text: str) -> str:
+    """A CSV cell a spreadsheet shows as text: one that starts like a formula gets a leading quote."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
 
 
 def _write_summary(out: Path, entries: list[Entry], results: dict, wall: float, jobs: int, shard, info: dict,
