@@ -279,7 +279,7 @@ def build_report(plugin: GradingPlugin, sub: Any, rubric: Rubric, parts: Sequenc
                      "message": "" if ok else _message(res, redact)}
             out = plugin.engine.outputs.get(info["nodeid"])
             if out is not None and out.data and not redact:
-                entry["output"] = sanitize.block(out.data)
+                entry["output"] = sanitize.block(out.data, 1 << 20, 1 << 16)  # already capped by the engine
             tests.append(entry)
             statuses.append(res["outcome"])
             if res["outcome"] == "error":
