@@ -126,7 +126,6 @@ def list_entries(folder: Path) -> list[Entry]:
     dup, dup-2 and dup-3."""
     if not folder.is_dir():
         raise SystemExit(f"error: {folder} is not a folder; pass the folder that holds one entry per submission")
-    taken: set[str] = set()
     out = []
     paths = sorted((p for p in folder.iterdir() if not p.name.startswith(".")),
                    key=lambda p: os.fsencode(p.name))
