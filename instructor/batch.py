@@ -197,8 +197,13 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
         if inline:
             grade = resolve(options.grader)
             for e in entries:
-                results[e.name] = _finish(out, e, grade_one(e.path, work / e.name, options, name=e.name, env=env,
-                                                            grade=grade))
+                t0 = time.perf_counter()
+                try:
+                    graded = grade_one(e.path, work / e.name, options, name=e.name, env=env, grade=grade)
+                except Exception as ex:  # noqa: BLE001 -- as a dead judge would: a row, not a crash
+                    graded = failed(e.path, work / e.name, options, e.name, f"{type(ex).__name__}: {ex}",
+                                    traceback.format_exc(), env, time.perf_counter() - t0)
+                results[e.name] = _finish(out, e, graded)
         else:
             _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env)
     finally:

@@ -152,7 +152,7 @@ class EngineGrade(NbGraderPreprocessor):
             points = min(max(float(row["points"]), 0.0), max_points)
             mine = [n for n in notes if any(n.startswith(f) for f in _files_of(row["part"]))]
             cell.outputs = [
-                new_output("stream", name="stdout", text=part_feedback(row, tests, mine)),
+                new_output("stream", name="stdout", text=part_feedback(row, tests, mine) + f"sandbox: {view['sandbox']}\n"),
                 new_output("execute_result", data={"text/plain": repr(round(points, 4))}, execution_count=None),
             ]
         self.log.info("engine grade for %s: %s / %s (%s; sandbox: %s)", student, view["total"], view["max_total"],

@@ -191,6 +191,7 @@ def _make(root: Path, name: bytes, kind: str, files: list[tuple[str, str]]) -> N
                 f.write(content)
 
 
+@pytest.mark.filterwarnings("ignore:Duplicate name")  # a generated zip may hold a name twice, on purpose
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(entries=st.lists(ENTRY, min_size=1, max_size=6, unique_by=lambda e: e[0] + (b".zip" if e[1] == "zip" else b"")))
