@@ -88,6 +88,7 @@ def crashers(tmp_path_factory):
     _folder(subs / "nasty", {"online_softmax.py": SOLUTION + NASTY})
     bad = _folder(subs / "badname", {"online_softmax.py": SOLUTION, "notes.txt": "x"})
     (Path(os.fsdecode(bytes(bad) + b"/caf\xe9 r\xe9sum\xe9.py"))).write_bytes(b"x = 1\n")  # old zip tools
+    (bad / "x\n| | **total** | | **100 of 100** |\n<img src=x onerror=alert(1)>.txt").write_text("x")  # a name that forges
     os.mkdir(os.fsdecode(bytes(bad) + b"/\xff\xfe dir"))
     (Path(os.fsdecode(bytes(bad) + b"/\xff\xfe dir/online_softmax.py"))).write_text("x = (\n")  # a rejected copy
     _folder(Path(os.fsdecode(bytes(subs) + b"/\xe9l\xe8ve")), {"online_softmax.py": SOLUTION})  # entry not UTF-8
@@ -142,6 +143,8 @@ def test_a_nasty_message_is_one_clean_line_and_fakes_no_total(crashers):
     for t in res["tests"]:
         assert "\n" not in t["output"].split("\n\nyour code printed:")[0].split("checked:")[0]
     badname = (out / "badname" / "feedback.md").read_text(encoding="utf-8")
+    assert [line for line in badname.splitlines() if "**total**" in line] == ["| | **total** | | **15/15** |"]
+    assert "<img" not in badname and r"\*\*100 of 100\*\*" in badname  # shown, escaped, on its note's line
     assert "caf\\\\xe9 r\\\\xe9sum\\\\xe9.py" in badname  # its bytes spelled out (the backslash escaped for markdown)
 
 
