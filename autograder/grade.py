@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="instructors: do not redact hidden-test failures in the feedback")
     args = ap.parse_args(argv)
 
-    from autograder.engine import grade
+    from autograder.engine import grade_for_student
     from autograder.engine.feedback import print_report
     from autograder.engine.rubric import RubricError
 
@@ -37,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sets = ("public", "hidden") if args.tests == "all" else (args.tests,)
     try:
-        report = grade(impl, parts=args.part, test_sets=sets, redact_sets=() if args.show_hidden else ("hidden",),
-                       jobs=max(1, args.jobs))
+        report, view = grade_for_student(impl, parts=args.part, test_sets=sets, jobs=max(1, args.jobs),
+                                         redact_sets=() if args.show_hidden else ("hidden",))
     except (RubricError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print_report(report)
+    print_report(view)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"report: {args.json}  ({report['timing']['wall_s']:.1f} s)")

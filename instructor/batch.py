@@ -3,12 +3,15 @@
     python -m instructor.batch SUBMISSIONS --out DIR [--jobs N] [--shard i/n] [--parts 1,2]
     python -m instructor.batch merge DIR1 DIR2 ... --out DIR      (join the shards' results)
 
-Each entry of SUBMISSIONS (a folder or a .zip) is one student. Intake (instructor/intake.py) copies
-only the graded files into a private temp folder; the engine (autograder.engine.grade, the same one
-`make grade` uses) grades that copy, its judge in one of `--jobs` judge processes, the student code
-in worker processes inside the sandbox (instructor/sandbox.py). Writes:
+Each entry of SUBMISSIONS (a folder or a .zip) is one student, graded by instructor.grading.grade_one
+(the function every channel calls) in one of `--jobs` judge processes: intake (instructor/intake.py)
+copies only the graded files into a private temp folder; the engine (autograder.engine.grade, the
+same one `make grade` uses) grades that copy, the student code in worker processes inside the
+sandbox (instructor/sandbox.py); the result comes back to this process on the judge's pipe, and
+this process only renders it. One row per entry, always, with a reason on every row that is not
+"graded". Writes:
 
-    DIR/grades.csv                  one row per submission: one column per part, total, status
+    DIR/grades.csv                  one row per submission: source (the upload), status, parts, total
     DIR/<student>/feedback.md       what `make grade` shows, hidden tests named but not revealed
     DIR/<student>/feedback.json     the same as JSON (+ intake notes, hashes, sandbox mode)
     DIR/<student>/results.json      Gradescope's results format
@@ -20,47 +23,30 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
-import importlib
 import io
 import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
-from importlib import metadata
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
+
+from autograder.engine import sanitize
+from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (tests, tools)
 
 from . import intake
-from .sandbox import Sandbox, detect
+from .grading import (DEFAULT_GRADER, UID_BASE, Graded, Options, environment, failed, grade_one,  # noqa: F401
+                      resolve, sandbox_info, write_outputs)
+from .sandbox import detect
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_GRADER = "autograder.engine:grade"
-UID_BASE = 64000  # judge slot i runs its workers as uid UID_BASE + i (bubblewrap mode, as root)
-OUTPUT_SHOWN = 2000  # characters of a test's student output kept in the feedback
-OUTPUT_TOTAL = 20000  # characters of student output in one feedback, all tests together
 RESERVED = {"grades.csv", "summary.json"}
-
-
-# ---------------------------------------------------------------------------------------------
-# environment fingerprint (recorded with every result)
-
-
-def environment() -> dict:
-    """Python version and the installed distributions (what `pip freeze` lists), hashed."""
-    dists = sorted({f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()
-                    if d.metadata and d.metadata["Name"]}, key=str.lower)
-    freeze = "\n".join(dists)
-    return {"python": platform.python_version(), "implementation": platform.python_implementation(),
-            "machine": platform.machine(), "packages": len(dists),
-            "pip_freeze_sha256": hashlib.sha256(freeze.encode()).hexdigest()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,32 +56,18 @@ def environment() -> dict:
 @dataclass
 class Task:
     name: str
-    impl_dir: str
-    out_json: str
-
-
-@dataclass
-class Options:
-    parts: list[int] | None = None
-    test_sets: tuple[str, ...] = ("public", "hidden")
-    limits: dict = field(default_factory=dict)
-    grader: str = DEFAULT_GRADER  # "module:function" with autograder.engine.grade's signature
-    sandbox: Sandbox | None = None
-    tests_dir: str | None = None  # another assignment-tests folder (default: autograder/tests)
-
-
-def _resolve(spec: str) -> Callable:
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+    entry: str  # the submission as uploaded (folder or .zip)
+    work: str  # a fresh folder for its intake copy
 
 
 def _judge_main(conn, slot: int, options: Options) -> None:
-    """A judge process: receives Tasks, grades each, writes the report JSON, answers 'done'."""
+    """A judge process: receives Tasks, grades each with grade_one (intake, engine, view) and sends
+    the result back on its pipe: the result never passes through a file that a worker could write."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills us
-    grade = _resolve(options.grader)
-    prefix = options.sandbox.with_uid(UID_BASE + slot) if options.sandbox else None
+    grade = resolve(options.grader)
+    env = environment()
     while True:
         try:
             task = conn.recv()
@@ -105,13 +77,11 @@ def _judge_main(conn, slot: int, options: Options) -> None:
             return
         t0 = time.perf_counter()
         try:
-            extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
-            report = grade(task.impl_dir, parts=options.parts, test_sets=options.test_sets,
-                           worker_prefix=prefix, limits=options.limits or None, **extra)
-            Path(task.out_json).write_text(json.dumps(report))
-            conn.send(("ok", time.perf_counter() - t0))
+            graded = grade_one(Path(task.entry), Path(task.work), options, name=task.name, slot=slot, env=env,
+                               grade=grade)
+            conn.send(("ok", graded.to_json(), time.perf_counter() - t0))
         except BaseException as e:  # noqa: BLE001 -- a grading failure must not stop the batch
-            conn.send(("error", f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback.format_exc()[-3000:]))
+            conn.send(("error", sanitize.line(f"{type(e).__name__}: {e}", 300), traceback.format_exc()[-3000:]))
 
 
 class Judge:
@@ -145,25 +115,44 @@ class Judge:
 
 @dataclass
 class Entry:
-    name: str
+    name: str  # unique, folder-safe student id
     path: Path
+    source: str  # the entry's name as uploaded, printable (maps the id back to the upload)
 
 
 def list_entries(folder: Path) -> list[Entry]:
-    """Submissions in `folder`, sorted, with unique folder-safe names (alice, alice-2, ...)."""
+    """Submissions in `folder`, sorted, with unique folder-safe names (alice, alice-2, ...).
+    Names are unique whatever the uploads are called: `dup/`, `dup-2/` and `dup.zip` become
+    dup, dup-2 and dup-3."""
     if not folder.is_dir():
         raise SystemExit(f"error: {folder} is not a folder; pass the folder that holds one entry per submission")
-    seen: dict[str, int] = {}
     out = []
-    for p in sorted(folder.iterdir(), key=lambda p: p.name):
-        if p.name.startswith("."):
-            continue
-        base = intake.student_name(p)
-        if base in RESERVED:  # would collide with the batch's own files in --out
-            base += "-student"
-        seen[base] = seen.get(base, 0) + 1
-        out.append(Entry(base if seen[base] == 1 else f"{base}-{seen[base]}", p))
+    paths = sorted((p for p in folder.iterdir() if not p.name.startswith(".")),
+                   key=lambda p: os.fsencode(p.name))
+    bases = {p: _base_name(p) for p in paths}
+    # names that are already unique keep them; the others get the first free -k suffix, in order
+    counts: dict[str, int] = {}
+    for base in bases.values():
+        counts[base] = counts.get(base, 0) + 1
+    taken = {b for b, n in counts.items() if n == 1}
+    for p in paths:
+        base = bases[p]
+        name = base
+        if counts[base] > 1:
+            k = 1
+            while name in taken:
+                k += 1
+                name = f"{base}-{k}"
+        taken.add(name)
+        out.append(Entry(name, p, sanitize.name(p.name, 300)))
     return out
+
+
+def _base_name(p: Path) -> str:
+    base = intake.student_name(p)
+    if base.lower() in RESERVED:  # would collide with the batch's own files in --out
+        base += "-student"
+    return base
 
 
 def shard_of(entries: list[Entry], shard: tuple[int, int] | None) -> list[Entry]:
@@ -187,7 +176,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: tuple[int, int] | None = None,
               options: Options | None = None, timeout_s: float = 1800.0, progress: bool = True,
               sandbox: str = "auto") -> dict:
-    """Grade every entry of `submissions` (or one shard of them) into `out`. Returns the summary."""
+    """Grade every entry of `submissions` (or one shard of them) into `out`. Returns the summary.
+    One row per entry, always: a submission that breaks its judge is a row "failed to grade"."""
     t_start = time.perf_counter()
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if out == submissions or out.is_relative_to(submissions):
@@ -195,69 +185,50 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     options = options or Options()
     if options.sandbox is None and sandbox != "off":
         options.sandbox = detect("rlimits" if sandbox == "rlimits" else "auto")
-    sandbox_info = options.sandbox.describe() if options.sandbox else {
-        "sandbox": "none (disabled with --sandbox off; for debugging only)", "process_limit": "none"}
+    info = sandbox_info(options)
     entries = shard_of(list_entries(submissions), shard)
     inline = jobs == 0  # grade in this process, one at a time (debugging; tests)
     jobs = 1 if inline else max(1, min(jobs or os.cpu_count() or 1, len(entries) or 1))
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
     work = Path(tempfile.mkdtemp(prefix="autograde-"))  # intake copies: never in the instructor's tree
-    results: dict[str, dict] = {}
+    results: dict[str, Graded] = {}
     try:
-        pending: list[tuple[Entry, intake.Submission]] = []
-        for e in entries:
-            sub = intake.take(e.path, work / e.name / "files")
-            sub.name = e.name
-            if sub.error or not sub.files:
-                results[e.name] = _finish(out, e, sub, None, None, sandbox_info, env, options)
-            else:
-                pending.append((e, sub))
         if inline:
-            _grade_inline(pending, out, options, results, sandbox_info, env)
+            grade = resolve(options.grader)
+            for e in entries:
+                t0 = time.perf_counter()
+                try:
+                    graded = grade_one(e.path, work / e.name, options, name=e.name, env=env, grade=grade)
+                except Exception as ex:  # noqa: BLE001 -- as a dead judge would: a row, not a crash
+                    graded = failed(e.path, work / e.name, options, e.name, f"{type(ex).__name__}: {ex}",
+                                    traceback.format_exc(), env, time.perf_counter() - t0)
+                results[e.name] = _finish(out, e, graded)
         else:
-            _grade_all(pending, work, out, jobs, options, timeout_s, progress, results, sandbox_info, env)
+            _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    summary = _write_summary(out, entries, results, time.perf_counter() - t_start, jobs, shard, sandbox_info,
-                             env, options)
-    return summary
+    return _write_summary(out, entries, results, time.perf_counter() - t_start, jobs, shard, info, env, options)
 
 
-def _grade_inline(pending, out: Path, options: Options, results: dict, sandbox_info: dict, env: dict) -> None:
-    """jobs=0: grade in this process, one submission after the other, no judge processes."""
-    grade = _resolve(options.grader)
-    prefix = options.sandbox.with_uid(UID_BASE) if options.sandbox else None
-    extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
-    for e, sub in pending:
-        t0 = time.perf_counter()
-        report = failure = None
-        try:
-            report = json.loads(json.dumps(grade(sub.dir, parts=options.parts, test_sets=options.test_sets,
-                                                 worker_prefix=prefix, limits=options.limits or None, **extra)))
-        except Exception as ex:  # noqa: BLE001
-            failure = {"reason": f"{type(ex).__name__}: {ex}".splitlines()[0][:300], "traceback": traceback.format_exc()}
-        results[e.name] = _finish(out, e, sub, report, failure, sandbox_info, env, options, time.perf_counter() - t0)
-
-
-def _grade_all(pending, work: Path, out: Path, jobs: int, options: Options, timeout_s: float, progress: bool,
-               results: dict, sandbox_info: dict, env: dict) -> None:
-    if not pending:
+def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: Options, timeout_s: float,
+               progress: bool, results: dict, env: dict) -> None:
+    if not entries:
         return
     ctx = mp.get_context("spawn")  # a clean interpreter per judge; never fork a process with threads
     judges: list[Judge] = []
-    queue = list(pending)
-    by_name = {e.name: (e, sub) for e, sub in pending}
-    bar = _Progress(len(pending), progress)
+    queue = list(entries)
+    by_name = {e.name: e for e in entries}
+    bar = _Progress(len(entries), progress)
     try:
-        judges = [Judge(ctx, slot, options) for slot in range(min(jobs, len(pending)))]
+        judges = [Judge(ctx, slot, options) for slot in range(min(jobs, len(entries)))]
         idle = list(judges)
         busy: list[Judge] = []
         while queue or busy:
             while idle and queue:
                 j = idle.pop(0)
-                e, sub = queue.pop(0)
-                j.submit(Task(e.name, str(sub.dir), str(work / e.name / "report.json")), timeout_s)
+                e = queue.pop(0)
+                j.submit(Task(e.name, str(e.path), str(work / e.name)), timeout_s)
                 busy.append(j)
             ready = mp.connection.wait([j.conn for j in busy] + [j.proc.sentinel for j in busy], timeout=0.5)
             now = time.perf_counter()
@@ -275,19 +246,20 @@ def _grade_all(pending, work: Path, out: Path, jobs: int, options: Options, time
                 if outcome is None:
                     continue
                 busy.remove(j)
-                e, sub = by_name[task.name]
-                report = failure = None
-                if outcome[0] == "ok":
-                    report = json.loads(Path(task.out_json).read_text())
-                else:
-                    failure = {"reason": outcome[1], "traceback": outcome[2] if len(outcome) > 2 else ""}
-                results[e.name] = _finish(out, e, sub, report, failure, sandbox_info, env, options, now - j.started)
-                bar.advance(e.name, failure is None)
+                e = by_name[task.name]
+                elapsed = now - j.started
                 if replace:  # a judge that died or hung is replaced (its workers die with it)
                     j.kill()
                     judges.remove(j)
                     j = Judge(ctx, j.slot, options)
                     judges.append(j)
+                if outcome[0] == "ok":
+                    graded = Graded.from_json(outcome[1])
+                    graded.elapsed_s = elapsed
+                else:
+                    graded = failed(e.path, work / e.name, options, e.name, outcome[1], outcome[2], env, elapsed)
+                results[e.name] = _finish(out, e, graded)
+                bar.advance(e.name, graded.status != "failed to grade")
                 idle.append(j)
     finally:
         bar.close()
@@ -311,7 +283,7 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.p = Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                              TextColumn("{task.fields[last]}"), console=Console(stderr=True))
+                              TextColumn("{task.fields[last]}", markup=False), console=Console(stderr=True))
             self.p.start()
             self.task = self.p.add_task("grading", total=total, last="")
 
@@ -328,140 +300,54 @@ class _Progress:
 # results
 
 
-def _rubric_parts() -> list[dict]:
-    from autograder.engine import load_rubric
-
-    return [{"part": p.number, "name": p.name, "max_points": float(p.points), "files": p.files}
-            for p in load_rubric().parts]
-
-
-def zero_report(reason: str, parts: Sequence[int] | None) -> dict:
-    """A report with every part at 0 and `reason` as each part's failure (nothing was run)."""
-    rows = []
-    for p in _rubric_parts():
-        if parts and p["part"] not in parts:
-            continue
-        rows.append({"part": p["part"], "name": p["name"], "points": 0.0, "max_points": p["max_points"],
-                     "passed": 0, "total": 0, "status": "error",
-                     "first_failure": {"test": None, "message": reason, "kind": "rejected"}})
-    return {"parts": rows, "total": 0.0, "max_total": float(sum(r["max_points"] for r in rows)), "tests": [],
-            "errors": [reason], "hashes": {}}
+def _finish(out: Path, e: Entry, graded: Graded) -> Graded:
+    """Write one student's folder (grading.write_outputs); the entry's upload name is its source."""
+    graded.name, graded.source = e.name, e.source
+    graded.view["student"] = e.name
+    write_outputs(out / e.name, graded)
+    return graded
 
 
-def student_view(report: dict) -> dict:
-    """The report as a student may see it: hidden tests already redacted by the engine; here the
-    error list loses lines about hidden tests and student output is truncated."""
-    view = json.loads(json.dumps(report))
-    view["errors"] = [("a hidden test could not run (the instructor has the details)" if "hidden" in e else e)
-                      for e in view.get("errors", [])]
-    budget = OUTPUT_TOTAL
-    for t in view.get("tests", []):
-        if t.get("set") == "hidden":
-            t.pop("output", None)
-            continue
-        text = t.get("output")
-        if text:
-            keep = max(0, min(OUTPUT_SHOWN, budget))
-            budget -= keep
-            t["output"] = text[:keep] + (f"\n[... output truncated: {len(text)} characters in all]" if len(text) > keep else "")
-    view.pop("timing", None)
-    return view
+CSV_HEAD = ["student", "source", "status"]
 
 
-def feedback_markdown(name: str, view: dict, notes: list[str], sandbox: str) -> str:
-    """The feedback a student reads: intake notes, then exactly what `make grade` shows (the engine's
-    own renderer: per-part table, first failure of each part), then the hidden tests by name."""
-    from autograder.engine.feedback import render_text
-
-    lines = [f"# Feedback for {name}", ""]
-    if notes:
-        lines += ["## Your submission", ""] + [f"- {n}" for n in notes] + [""]
-    lines += ["## Grade", "", render_text(view).rstrip("\n")]
-    hidden = [t for t in view.get("tests", []) if t.get("set") == "hidden"]
-    if hidden:
-        groups: dict[str, list[bool]] = {}
-        for t in hidden:  # one line per hidden test function: passed / run
-            groups.setdefault(t["id"].split("[", 1)[0], []).append(t["outcome"] == "passed")
-        lines += ["", "## Hidden tests", "", "Named, not revealed: their inputs and expected values are not shown.", ""]
-        lines += [f"- `{name}`: {sum(ok)}/{len(ok)} passed" for name, ok in groups.items()]
-    lines += ["", "---", f"Graded with the test sets {', '.join(view.get('test_sets') or ['public'])}. "
-              f"Sandbox: {sandbox}.", ""]
-    return "\n".join(lines)
-
-
-def make_view(name: str, sub: intake.Submission, report: dict | None, failure: dict | None, sandbox_info: dict,
-              env: dict, parts: Sequence[int] | None) -> tuple[dict, str]:
-    """(student view of the report, status) for one submission; a zero report when nothing ran."""
-    if report is None:
-        reason = (f"submission rejected: {sub.error}" if sub.error else
-                  f"failed to grade: {failure['reason']}" if failure else "no graded files found")
-        if not sub.error and not failure:
-            reason += f" (expected {', '.join(intake.all_graded_files())})"
-        report = zero_report(reason, parts)
-    status = "graded" if failure is None and not sub.error and sub.files else \
-        ("failed to grade" if failure else "rejected")
-    view = student_view(report)
-    view["student"] = name
-    view["status"] = status
-    view["intake"] = {"notes": sub.notes(), "files": sub.files, "sha256": sub.sha256}
-    view["sandbox"] = sandbox_info["sandbox"]
-    view["hashes"] = {**report.get("hashes", {}), "intake_sha256": sub.sha256,
-                      "pip_freeze_sha256": env["pip_freeze_sha256"], "python": env["python"]}
-    return view, status
-
-
-def _finish(out: Path, e: Entry, sub: intake.Submission, report: dict | None, failure: dict | None,
-            sandbox_info: dict, env: dict, options: Options, elapsed: float | None = None) -> dict:
-    """Write one student's feedback.{md,json} and results.json; return the row data."""
-    from .gradescope.results import results_json
-
-    view, status = make_view(e.name, sub, report, failure, sandbox_info, env, options.parts)
-    notes = view["intake"]["notes"]
-    d = out / e.name
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "feedback.json").write_text(json.dumps(view, indent=2, sort_keys=True) + "\n")
-    (d / "feedback.md").write_text(feedback_markdown(e.name, view, notes, sandbox_info["sandbox"]))
-    (d / "results.json").write_text(json.dumps(results_json(view, notes=notes), indent=2) + "\n")
-    if failure:  # instructor-only: why grading failed (never inside feedback.*)
-        (d / "grading-error.txt").write_text(failure["reason"] + "\n\n" + failure.get("traceback", ""))
-    return {"name": e.name, "status": status, "report": view, "timing": (report or {}).get("timing"),
-            "reason": failure["reason"] if failure else sub.error, "elapsed_s": elapsed}
-
-
-CSV_HEAD = ["student", "status"]
-
-
-def write_grades_csv(path: Path, rows: list[dict]) -> None:
-    """grades.csv: student, status, part1..partN, total, max_total, submission_sha256 (sorted by student)."""
-    parts = sorted({p["part"] for r in rows for p in r["report"]["parts"]})
+def write_grades_csv(path: Path, rows: list[Graded]) -> None:
+    """grades.csv: student, source (the upload it came from), status, part1..partN, total, max_total,
+    submission_sha256, reason (why a row is not "graded"; never empty then). Sorted by student."""
+    parts = sorted({p["part"] for r in rows for p in r.view["parts"]})
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([*CSV_HEAD, *[f"part{n}" for n in parts], "total", "max_total", "submission_sha256", "reason"])
-    for r in sorted(rows, key=lambda r: r["name"]):
-        by = {p["part"]: p["points"] for p in r["report"]["parts"]}
-        failed = r["status"] == "failed to grade"
-        w.writerow([r["name"], r["status"], *["" if failed else f"{by.get(n, 0):g}" for n in parts],
-                    "" if failed else f"{r['report']['total']:g}", f"{r['report']['max_total']:g}",
-                    r["report"].get("intake", {}).get("sha256", ""), (r.get("reason") or "")[:200]])
-    path.write_text(buf.getvalue())
+    for r in sorted(rows, key=lambda r: r.name):
+        by = {p["part"]: p["points"] for p in r.view["parts"]}
+        failed_ = r.status == "failed to grade"
+        w.writerow([r.name, _cell(r.source), r.status, *["" if failed_ else f"{by.get(n, 0):g}" for n in parts],
+                    "" if failed_ else f"{r.view['total']:g}", f"{r.view['max_total']:g}",
+                    r.view.get("intake", {}).get("sha256", ""), sanitize.line(r.reason, 300)])
+    path.write_text(buf.getvalue(), encoding="utf-8")
 
 
-def _write_summary(out: Path, entries: list[Entry], results: dict, wall: float, jobs: int, shard, sandbox_info: dict,
+def _cell(text: str) -> str:
+    """A CSV cell a spreadsheet shows as text: one that starts like a formula gets a leading quote."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
+
+
+def _write_summary(out: Path, entries: list[Entry], results: dict, wall: float, jobs: int, shard, info: dict,
                    env: dict, options: Options) -> dict:
     rows = [results[e.name] for e in entries if e.name in results]
     write_grades_csv(out / "grades.csv", rows)
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("graded", "failed to grade", "rejected")}
-    hashes = [r["report"].get("hashes", {}) for r in rows]
+    counts = {s: sum(r.status == s for r in rows) for s in ("graded", "failed to grade", "rejected")}
+    hashes = [r.view.get("hashes", {}) for r in rows]
     summary = {
         "submissions": len(rows), "graded": counts["graded"], "failed_to_grade": counts["failed to grade"],
         "rejected": counts["rejected"], "wall_s": round(wall, 2), "jobs": jobs,
         "submissions_per_minute": round(60 * len(rows) / wall, 2) if wall > 0 else None,
         "shard": list(shard) if shard else None, "test_sets": list(options.test_sets), "parts": options.parts,
-        **sandbox_info, "environment": env,
+        **info, "environment": env,
         "tests_sha256": sorted({h.get("tests") for h in hashes if h.get("tests")}),
-        "failed": {r["name"]: r["reason"] for r in rows if r["status"] == "failed to grade"},
-        "per_submission_s": {r["name"]: round(r["elapsed_s"], 2) for r in rows if r.get("elapsed_s")},
-        "engine_timing": {r["name"]: r["timing"] for r in rows if r.get("timing")},  # worker starts, call time
+        "failed": {r.name: r.reason for r in rows if r.status == "failed to grade"},
+        "per_submission_s": {r.name: round(r.elapsed_s, 2) for r in rows if r.elapsed_s},
+        "engine_timing": {r.name: r.timing for r in rows if r.timing},  # worker starts, call time
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
@@ -469,6 +355,7 @@ def _write_summary(out: Path, entries: list[Entry], results: dict, wall: float, 
 
 def print_summary(summary: dict, out: Path) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title="autograde summary", show_header=False)
@@ -478,32 +365,63 @@ def print_summary(summary: dict, out: Path) -> None:
     t.add_row("rejected at intake", str(summary["rejected"]))
     t.add_row("time", f"{summary['wall_s']:.1f} s with {summary['jobs']} judge(s)"
               f" ({summary['submissions_per_minute']} submissions/minute)")
-    t.add_row("sandbox", summary["sandbox"])
-    t.add_row("process limit", summary["process_limit"])
-    t.add_row("grades", str(out / "grades.csv"))
+    t.add_row("sandbox", escape(summary["sandbox"]))
+    t.add_row("process limit", escape(summary["process_limit"]))
+    t.add_row("grades", escape(str(out / "grades.csv")))
     Console(stderr=True).print(t)
     for name, why in summary["failed"].items():
-        Console(stderr=True).print(f"[red]failed to grade[/red] {name}: {why} (see {out / name / 'grading-error.txt'})")
+        Console(stderr=True).print(f"[red]failed to grade[/red] {escape(name)}: {escape(why)} "
+                                   f"(see {escape(str(out / name / 'grading-error.txt'))})")
 
 
 # ---------------------------------------------------------------------------------------------
 # merge (shards -> one folder)
 
 
+def _check_shards(dirs: list[Path], summaries: list[dict]) -> None:
+    """Refuse anything but a complete set of shards 1/n .. n/n, each once (names the missing ones)."""
+    given = [s.get("shard") for s in summaries]
+    if any(g is None for g in given):
+        if len(dirs) > 1:
+            d = dirs[given.index(None)]
+            raise SystemExit(f"error: {d} was not graded with --shard i/n; merge joins the shards of one run")
+        return
+    ns = {g[1] for g in given}
+    if len(ns) > 1:
+        raise SystemExit(f"error: the shards were cut differently (--shard i/{' and i/'.join(map(str, sorted(ns)))}); "
+                         "merge the shards of one run")
+    n = ns.pop()
+    seen: dict[int, Path] = {}
+    for d, (i, _) in zip(dirs, given):
+        if i in seen:
+            raise SystemExit(f"error: shard {i}/{n} appears twice ({seen[i]} and {d}); did two shards get the same "
+                             "--shard i/n?")
+        seen[i] = d
+    missing = [f"{i}/{n}" for i in range(1, n + 1) if i not in seen]
+    if missing:
+        raise SystemExit(f"error: missing shard(s) {', '.join(missing)} of {n}; grade them (--shard) and pass all "
+                         f"{n} --out folders")
+
+
 def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
     """Join shard outputs: copies each student's folder into `out` and writes one grades.csv.
-    Refuses shards graded with different tests or environments (their grades would not compare)."""
+    Refuses an incomplete or repeated set of shards, and shards graded with different tests or
+    environments (their grades would not compare)."""
+    dirs = [Path(d) for d in shard_dirs]
+    summaries = []
+    for d in dirs:
+        if not (d / "grades.csv").is_file() or not (d / "summary.json").is_file():
+            raise SystemExit(f"error: {d} has no grades.csv and summary.json; pass the --out folders of the shards")
+        summaries.append(json.loads((d / "summary.json").read_text()))
+    _check_shards(dirs, summaries)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     header: list[str] | None = None
     rows: dict[str, list[str]] = {}
     fingerprints = set()
-    summaries = []
-    for d in map(Path, shard_dirs):
+    for d, s in zip(dirs, summaries):
         csv_path = d / "grades.csv"
-        if not csv_path.is_file():
-            raise SystemExit(f"error: {csv_path} not found; pass the --out folders of the shards")
-        with csv_path.open(newline="") as f:
+        with csv_path.open(newline="", encoding="utf-8") as f:
             r = list(csv.reader(f))
         if header is None:
             header = r[0]
@@ -515,8 +433,6 @@ def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
             rows[row[0]] = row
             if (d / row[0]).is_dir() and d.resolve() != out.resolve():
                 shutil.copytree(d / row[0], out / row[0], dirs_exist_ok=True)
-        s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
-        summaries.append(s)
         fingerprints.add((tuple(s.get("tests_sha256", [])), s.get("environment", {}).get("pip_freeze_sha256")))
     if len({f for f in fingerprints if f[0]}) > 1:
         raise SystemExit("error: the shards were graded with different tests or environments; regrade them alike")
@@ -525,7 +441,7 @@ def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
     w.writerow(header or [])
     for name in sorted(rows):
         w.writerow(rows[name])
-    (out / "grades.csv").write_text(buf.getvalue())
+    (out / "grades.csv").write_text(buf.getvalue(), encoding="utf-8")
     merged = {"shards": len(summaries), "submissions": len(rows),
               "graded": sum(s.get("graded", 0) for s in summaries),
               "failed_to_grade": sum(s.get("failed_to_grade", 0) for s in summaries),

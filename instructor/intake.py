@@ -26,6 +26,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from autograder.engine import sanitize
+
 ROOT = Path(__file__).resolve().parent.parent
 RUBRIC = ROOT / "autograder" / "rubric.toml"
 
@@ -42,6 +44,8 @@ DEFAULT_FILES: dict[int, str] = {
 MAX_FILE_BYTES = 1 << 20  # a complete solution file is ~10 KB; 1 MiB leaves 100x headroom
 MAX_ENTRIES = 10_000  # files + folders in one submission (a zip bomb has millions)
 MAX_DEPTH = 12
+BOM = b"\xef\xbb\xbf"  # Windows editors start UTF-8 files with it; intake drops it
+PREFERRED = "starter"  # when two folders hold the graded files alike, the one named like the kit's folder wins
 SKIP_DIRS = {".git", "__MACOSX", "__pycache__", ".ipynb_checkpoints", ".venv", "node_modules"}
 
 
@@ -104,7 +108,7 @@ class Submission:
         if self.ignored_count:
             shown = ", ".join(self.ignored[:8]) + (" ..." if self.ignored_count > 8 else "")
             lines.append(f"ignored {self.ignored_count} file(s) that are not graded: {shown}")
-        return lines
+        return [sanitize.line(n, 600) for n in lines]
 
     def to_json(self) -> dict:
         return {
@@ -128,7 +132,7 @@ def check_source(name: str, data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -
     if b"\0" in data:
         return "not a Python source file (contains NUL bytes)"
     try:
-        text = data.decode("utf-8")
+        text = data.removeprefix(BOM).decode("utf-8")
     except UnicodeDecodeError as e:
         return f"not UTF-8 text (byte {e.start}); save the file as UTF-8"
     try:
@@ -140,10 +144,15 @@ def check_source(name: str, data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -
     return None
 
 
+def _zip_name(name: str) -> str:
+    """A member name with Windows separators ('a\\b.py', written by some Windows zip tools) as '/'."""
+    return name.replace("\\", "/")
+
+
 def _unsafe_member(name: str) -> str | None:
-    """Why a zip member name may not be used, or None. Names are always '/'-separated in zips."""
-    if "\\" in name or "\0" in name:
-        return "path contains a backslash or NUL (escapes the submission folder on some systems)"
+    """Why a zip member name (after _zip_name) may not be used, or None."""
+    if "\0" in name:
+        return "path contains a NUL character"
     p = PurePosixPath(name)
     if p.is_absolute() or re.match(r"^[A-Za-z]:", name):
         return "absolute path (escapes the submission folder)"
@@ -162,15 +171,16 @@ def _pick_root(candidates: dict[str, list[str]], wanted: set[str]) -> tuple[str 
             by_dir.setdefault(parent, set()).add(name)
     if not by_dir:
         return None, None
-    ranked = sorted(by_dir, key=lambda d: (-len(by_dir[d]), 0 if d == "." else d.count("/") + 1, d))
+    depth = lambda d: 0 if d == "." else d.count("/") + 1  # noqa: E731
+    starter = lambda d: PurePosixPath(d).name == PREFERRED  # noqa: E731
+    ranked = sorted(by_dir, key=lambda d: (-len(by_dir[d]), depth(d), not starter(d), d))
     best = ranked[0]
     if len(ranked) > 1:
         second = ranked[1]
-        same = len(by_dir[second]) == len(by_dir[best])
-        depth = lambda d: 0 if d == "." else d.count("/") + 1  # noqa: E731
-        if same and depth(second) == depth(best):
+        same = len(by_dir[second]) == len(by_dir[best]) and depth(second) == depth(best)
+        if same and not starter(best):
             return None, (f"ambiguous: graded files in both '{best}' and '{second}'; "
-                          "submit one folder with the six files")
+                          f"submit one folder with the graded files (a folder named {PREFERRED}/ is preferred)")
     return best, None
 
 
@@ -198,7 +208,10 @@ def take(entry: Path, dest: Path, *, wanted: list[str] | None = None,
             sub.error = "not a folder or a .zip file"
             return sub
     except _Reject as e:
-        sub.error = str(e)
+        sub.error = sanitize.line(e, 400)
+        return sub
+    except OSError as e:  # the entry changed while it was read, or cannot be read
+        sub.error = f"cannot read the submission ({sanitize.line(e.strerror or type(e).__name__, 100)})"
         return sub
 
     dest.mkdir(parents=True)
@@ -229,28 +242,32 @@ def _read_dir(root: Path, wanted: set[str], sub: Submission, max_bytes: int, max
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as e:
-            sub.rejected.append((rel or ".", f"cannot read folder ({e.strerror})"))
+            _reject(sub, rel or ".", f"cannot read folder ({e.strerror})")
             continue
         for e in entries:
             count += 1
             if count > max_entries:
                 raise _Reject(f"more than {max_entries} files and folders; submit only your code")
             path = f"{rel}/{e.name}" if rel else e.name
-            st = e.stat(follow_symlinks=False)
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError as err:
+                _reject(sub, path, f"cannot read ({err.strerror})")
+                continue
             if stat.S_ISLNK(st.st_mode):
-                sub.rejected.append((path, "symbolic link (links are not followed)"))
+                _reject(sub, path, "symbolic link (links are not followed)")
             elif stat.S_ISDIR(st.st_mode):
                 if e.name in SKIP_DIRS:
                     continue
                 if depth + 1 > MAX_DEPTH:
-                    sub.rejected.append((path, f"folder nested deeper than {MAX_DEPTH} levels"))
+                    _reject(sub, path, f"folder nested deeper than {MAX_DEPTH} levels")
                     continue
                 stack.append((Path(e.path), path, depth + 1))
             elif not stat.S_ISREG(st.st_mode):
-                sub.rejected.append((path, "not a regular file (device, fifo or socket)"))
+                _reject(sub, path, "not a regular file (device, fifo or socket)")
             elif e.name in wanted:
                 if st.st_nlink > 1:
-                    sub.rejected.append((path, "hard link (copy the file instead)"))
+                    _reject(sub, path, "hard link (copy the file instead)")
                 else:
                     candidates.setdefault(e.name, []).append(path)
             else:
@@ -277,15 +294,15 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
         candidates: dict[str, list[str]] = {}
         members: dict[str, zipfile.ZipInfo] = {}
         for info in infos:
-            name = info.filename
+            name = _zip_name(info.filename)
             why = _unsafe_member(name)
             if why:
-                sub.rejected.append((name, why))
+                _reject(sub, info.filename, why)
                 continue
             if stat.S_ISLNK(info.external_attr >> 16):
-                sub.rejected.append((name, "symbolic link entry (links are not followed)"))
+                _reject(sub, name, "symbolic link entry (links are not followed)")
                 continue
-            if info.is_dir():
+            if info.is_dir() or name.endswith("/"):
                 continue
             parts = PurePosixPath(name).parts
             if any(p in SKIP_DIRS for p in parts[:-1]):
@@ -293,9 +310,9 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
             base = parts[-1]
             if base in wanted:
                 if info.flag_bits & 0x1:
-                    sub.rejected.append((name, "encrypted zip entry"))
+                    _reject(sub, name, "encrypted zip entry")
                 elif info.file_size > max_bytes:
-                    sub.rejected.append((name, f"file too large ({info.file_size} bytes > {max_bytes})"))
+                    _reject(sub, name, f"file too large ({info.file_size} bytes > {max_bytes})")
                 else:
                     norm = str(PurePosixPath(*parts))
                     candidates.setdefault(base, []).append(norm)
@@ -316,7 +333,12 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
 def _ignore(sub: Submission, path: str) -> None:
     sub.ignored_count += 1
     if len(sub.ignored) < 50:
-        sub.ignored.append(path)
+        sub.ignored.append(sanitize.name(path, 200))
+
+
+def _reject(sub: Submission, path: str, why: str) -> None:
+    """Record a rejected path; the name is the submission's choice (any bytes): sanitized here."""
+    sub.rejected.append((sanitize.name(path, 200), sanitize.line(why, 300)))
 
 
 def _collect(candidates: dict[str, list[str]], wanted: set[str], sub: Submission, max_bytes: int, read) -> dict[str, bytes]:
@@ -329,10 +351,14 @@ def _collect(candidates: dict[str, list[str]], wanted: set[str], sub: Submission
             if str(PurePosixPath(p).parent) != root:
                 _ignore(sub, p)  # a second copy elsewhere (e.g. a backup folder): not graded
                 continue
-            data = read(p)
+            try:
+                data = read(p)
+            except OSError as e:
+                _reject(sub, p, f"cannot read ({e.strerror or type(e).__name__})")
+                continue
             why = check_source(name, data, max_bytes)
             if why:
-                sub.rejected.append((p, why))
+                _reject(sub, p, why)
             else:
-                out[name] = data
+                out[name] = data.removeprefix(BOM)
     return out

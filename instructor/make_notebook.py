@@ -94,7 +94,10 @@ def build_notebook() -> nbformat.NotebookNode:
             "else:\n"
             f"    r = subprocess.run([sys.executable, '-m', 'autograder.grade', '--impl', {PACKAGE!r},\n"
             f"                        '--part', '{part.number}'], capture_output=True, text=True)\n"
-            "    print(r.stdout[-8000:] + r.stderr[-2000:])"
+            "    print(r.stdout[-8000:] + r.stderr[-2000:])\n"
+            "# Fail closed: a kernel run of this cell never earns points; only the engine's grade does.\n"
+            f"raise AssertionError('part {part.number} is graded by the course engine (nbgrader autograde with its config), '\n"
+            "                     'not by running this cell: a kernel run scores 0')"
         )
         cells.append(new_code_cell(test, metadata=_meta(part_grade_id(part.number), grade=True, locked=True,
                                                         points=float(part.points))))

@@ -14,25 +14,35 @@ Design (the engine, not the notebook kernel, decides the points):
   execute_result holding the points. nbgrader's SaveAutoGrades reads that number as the cell's
   partial credit, so the gradebook, `nbgrader export` and `nbgrader generate_feedback` all show
   the engine's points and messages.
-- If the engine cannot run, every test cell gets an error output: 0 points, never free points.
+- Fail closed: EngineGrade first replaces every test cell's outputs with an error (0 points) and
+  only the engine's result replaces that; the test cells' own code raises, so a kernel run (e.g.
+  nbgrader's default Execute, if the config did not load) gives 0 too. A config or engine import
+  error stops nbgrader with a non-zero exit (nbgrader_config.py); a sandbox that is not
+  available stops the run unless c.EngineGrade.allow_weak_sandbox = True.
 
     python -m instructor.nbgrader_channel extract NOTEBOOK --out DIR   # the .py files of a notebook
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any
 
 import nbformat
 from nbformat.v4 import new_output
-from traitlets import Dict, List, Unicode
+from traitlets import Bool, Dict, List, Unicode
+
+# Imported here, not lazily: an engine that cannot be imported must stop nbgrader when it loads
+# nbgrader_config.py (which imports this module), before any notebook is touched.
+from autograder.engine import load_rubric, sanitize
 
 from . import intake
+from .grading import Options, grade_one
 from .make_notebook import file_grade_id, part_grade_id
+from .sandbox import detect
 
 try:  # nbgrader is only needed for the preprocessor (extract works without it)
     from nbgrader.preprocessors import NbGraderPreprocessor
@@ -83,6 +93,8 @@ def part_feedback(part: dict, tests: list[dict], notes: list[str]) -> str:
 
     lines = [f"Part {part['part']}: {part['points']:g} / {part['max_points']:g} points "
              f"({part['passed']}/{part['total']} tests passed) — graded by the course's engine", *notes]
+    if part["total"] == 0 and (part.get("first_failure") or {}).get("message"):
+        lines.append(part["first_failure"]["message"])
     lines += [f"  {'passed' if t['outcome'] == 'passed' else 'FAILED':6} {t['id']}" for t in tests]
     details = part_lines(part)
     if details:
@@ -91,71 +103,92 @@ def part_feedback(part: dict, tests: list[dict], notes: list[str]) -> str:
 
 
 class EngineGrade(NbGraderPreprocessor):
-    """nbgrader preprocessor: grade the notebook's code with autograder.engine.grade and put each
-    part's points and feedback into its autograded test cell (replaces kernel execution)."""
+    """nbgrader preprocessor: grade the notebook's code with instructor.grading.grade_one and put
+    each part's points and feedback into its autograded test cell (replaces kernel execution).
+
+    Fail closed: a test cell's own code raises (instructor/make_notebook.py), so a cell the
+    engine did not grade scores 0 even if some other configuration runs the notebook in a kernel;
+    a sandbox that is not available stops the run (NotGradable, nbgrader exits non-zero) unless
+    `allow_weak_sandbox` is set."""
 
     test_sets = List(["public", "hidden"], help="engine test sets").tag(config=True)
     parts = List([], help="part numbers to grade (default: all in the rubric)").tag(config=True)
     limits = Dict({}, help="engine limit overrides, e.g. {'call_timeout_s': 10}").tag(config=True)
     sandbox = Unicode("auto", help="auto (bubblewrap if it works, else rlimits only) or rlimits").tag(config=True)
+    allow_weak_sandbox = Bool(False, help="grade even when the workers get resource limits only "
+                              "(no file system isolation)").tag(config=True)
     tests_dir = Unicode("", help="another assignment-tests folder (default: autograder/tests)").tag(config=True)
 
     def preprocess(self, nb: nbformat.NotebookNode, resources: dict) -> tuple[nbformat.NotebookNode, dict]:
         test_cells = {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
                       if c.get("cell_type") == "code" and c.get("metadata", {}).get("nbgrader", {}).get("grade")}
         student = resources.get("nbgrader", {}).get("student", "?")
-        try:
-            report = self._grade(nb)
-        except Exception:  # noqa: BLE001 -- fail closed: 0 points with a reason
-            self.log.error("engine grading failed for %s:\n%s", student, traceback.format_exc())
+        for cell in test_cells.values():  # nothing of a kernel run counts: only what the engine writes below
+            cell.outputs = [_error("NotGraded", "this cell was not graded by the course's engine")]
+            cell.execution_count = None
+        box = detect("rlimits" if self.sandbox == "rlimits" else "auto")
+        if box.mode.startswith("rlimits-only") and not self.allow_weak_sandbox:
+            raise NotGradable(f"sandbox not available: {box.mode}; refusing to grade (set "
+                              "c.EngineGrade.allow_weak_sandbox = True to accept resource limits only)")
+        options = Options(parts=[int(p) for p in self.parts] or None, test_sets=tuple(self.test_sets),
+                          limits=dict(self.limits), sandbox=box, tests_dir=self.tests_dir or None)
+        with tempfile.TemporaryDirectory(prefix="nbgrader-engine-") as tmp:
+            graded = grade_one(None, Path(tmp), options, name=str(student), take=lambda dest: take_notebook(nb, dest))
+        if graded.status == "failed to grade":  # fail closed: 0 points with a reason
+            self.log.error("engine grading failed for %s: %s\n%s", student, graded.reason,
+                           (graded.failure or {}).get("traceback", ""))
             for cell in test_cells.values():
-                cell.outputs = [new_output("error", ename="GradingError", evalue="the grading engine failed "
-                                           "on this notebook; the instructor has the details", traceback=[])]
+                cell.outputs = [_error("GradingError", "the grading engine failed on this notebook; the "
+                                       "instructor has the details")]
             return nb, resources
-        for row in report["parts"]:
+        view = graded.view
+        notes = view["intake"]["notes"]
+        for row in view["parts"]:
             cell = test_cells.get(part_grade_id(row["part"]))
             if cell is None:
                 continue
-            tests = [t for t in report["tests"] if t["part"] == row["part"]]
+            tests = [t for t in view["tests"] if t["part"] == row["part"]]
             max_points = float(cell.metadata["nbgrader"]["points"])
             points = min(max(float(row["points"]), 0.0), max_points)
+            mine = [n for n in notes if any(n.startswith(f) for f in _files_of(row["part"]))]
             cell.outputs = [
-                new_output("stream", name="stdout", text=part_feedback(row, tests, report["notes"].get(row["part"], []))),
+                new_output("stream", name="stdout", text=part_feedback(row, tests, mine) + f"sandbox: {view['sandbox']}\n"),
                 new_output("execute_result", data={"text/plain": repr(round(points, 4))}, execution_count=None),
             ]
-            cell.execution_count = None
-        graded = {part_grade_id(r["part"]) for r in report["parts"]}
-        for gid, cell in test_cells.items():  # parts not graded in this run (EngineGrade.parts)
-            if gid not in graded:
-                cell.outputs = [new_output("error", ename="NotGraded", evalue="this part was not graded in this run",
-                                           traceback=[])]
-        self.log.info("engine grade for %s: %s / %s (sandbox: %s)", student, report["total"], report["max_total"],
-                      report["sandbox"])
+        self.log.info("engine grade for %s: %s / %s (%s; sandbox: %s)", student, view["total"], view["max_total"],
+                      graded.status, view["sandbox"])
         return nb, resources
-
-    def _grade(self, nb: nbformat.NotebookNode) -> dict:
-        from .batch import UID_BASE, student_view
-        from autograder.engine import grade, load_rubric
-        from .sandbox import detect
-
-        rubric = load_rubric()
-        box = detect("rlimits" if self.sandbox == "rlimits" else "auto")
-        with tempfile.TemporaryDirectory(prefix="nbgrader-engine-") as tmp:
-            problems = extract(nb, Path(tmp) / "files", rubric.all_files())
-            report = grade(Path(tmp) / "files", parts=[int(p) for p in self.parts] or None,
-                           test_sets=tuple(self.test_sets), worker_prefix=box.with_uid(UID_BASE),
-                           limits=dict(self.limits) or None,
-                           **({"tests_dir": self.tests_dir} if self.tests_dir else {}))
-        view = student_view(report)
-        view["sandbox"] = box.mode
-        notes: dict[int, list[str]] = {}
-        for p in rubric.parts:
-            notes[p.number] = [f"{f}: {problems[f]}" for f in p.files if f in problems]
-        view["notes"] = notes
-        return view
 
     def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple[Any, dict]:  # pragma: no cover
         return cell, resources
+
+
+class NotGradable(Exception):
+    """The notebook cannot be graded with the promised isolation: nbgrader reports it and exits non-zero."""
+
+
+def _error(name: str, text: str) -> Any:
+    return new_output("error", ename=name, evalue=text, traceback=[])
+
+
+def _files_of(part: int) -> list[str]:
+    return list(load_rubric().part(part).files)
+
+
+def take_notebook(nb: nbformat.NotebookNode, dest: Path) -> intake.Submission:
+    """The notebook's solution cells as an intake result (grading.grade_one's `take`)."""
+    graded = load_rubric().all_files()
+    problems = extract(nb, dest, graded)
+    sub = intake.Submission(name="notebook", source="notebook", dir=dest)
+    for name in graded:
+        if name in problems:
+            if "no solution cell" in problems[name]:
+                sub.missing.append(name)
+            else:
+                sub.rejected.append((name, sanitize.line(problems[name], 300)))
+        elif (dest / name).is_file():
+            sub.files[name] = hashlib.sha256((dest / name).read_bytes()).hexdigest()
+    return sub
 
 
 def main(argv: list[str] | None = None) -> int:

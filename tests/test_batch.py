@@ -131,7 +131,7 @@ def test_intake_reads_zips_without_extracting_and_refuses_zip_slip(tmp_path):
     assert sorted(taken.files) == sorted(FILES)
     why = dict(taken.rejected)
     assert "escapes" in why["../../evil.py"] and "absolute" in why["/abs/online_softmax.py"]
-    assert "backslash" in why["carol/..\\sneaky.py"] and "symbolic link" in why["carol/link.py"]
+    assert "escapes" in why["carol/..\\sneaky.py"] and "symbolic link" in why["carol/link.py"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["dest"])  # nothing else written
     assert not (tmp_path.parent / "evil.py").exists()
 
@@ -252,10 +252,10 @@ def test_a_hanging_or_dying_judge_is_replaced_and_the_batch_completes(tmp_path):
     _submission(subs / "hang", {"online_softmax.py": "HANG"})
     _submission(subs / "ok", {"online_softmax.py": "CORRECT"})
     t0 = time.perf_counter()
-    _batch(subs, tmp_path / "out", jobs=1, timeout_s=3)
+    _batch(subs, tmp_path / "out", jobs=1, timeout_s=15)  # the clock starts while the judge may still import
     rows = _rows(tmp_path / "out")
     assert rows["die"]["status"] == "failed to grade" and "judge process died" in rows["die"]["reason"]
-    assert rows["hang"]["status"] == "failed to grade" and "longer than 3 s" in rows["hang"]["reason"]
+    assert rows["hang"]["status"] == "failed to grade" and "longer than 15 s" in rows["hang"]["reason"]
     assert rows["ok"]["total"] == "15" and rows["ok"]["status"] == "graded"  # graded by a fresh judge
     assert time.perf_counter() - t0 < 120  # generous: the hang itself would take 600 s
 

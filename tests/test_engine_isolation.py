@@ -310,8 +310,9 @@ def test_hidden_failures_are_named_but_not_revealed(probe, tmp_path):
                                          "hidden/test_part1_probe.py::test_hidden_add[1]",
                                          "hidden/test_part1_probe.py::test_hidden_leak[0]",
                                          "hidden/test_part1_probe.py::test_hidden_leak[1]"]
-    assert hidden[2]["message"].startswith("leak raised ValueError (probe.py:")  # not its message
-    assert hidden[3]["message"].startswith("leak called sys.exit() (probe.py:")
+    # only text the judge wrote: no exception name or message, qualname, file name or line
+    assert hidden[2]["message"] == "calling probe.leak raised an exception (hidden test: details are not shown)"
+    assert hidden[3]["message"].startswith("the worker exited during probe.leak;")
     text = repr(hidden)
     for secret in ("41", "43", "secret", "(3,)"):
         assert secret not in text, secret

@@ -62,10 +62,7 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
     text = (ROOT / "solutions" / "online_softmax.py").read_text() + BUG
     (sub / "online_softmax.py").write_text(text)
     (sub / "conftest.py").write_text("raise SystemExit('never imported')\n")
-    env = {**os.environ, "GRADESCOPE_ROOT": str(gs), "AUTOGRADER_PYTHON": sys.executable, "AUTOGRADER_PARTS": "1"}
-    env.pop("PYTHONPATH", None)  # run_autograder sets it to the unpacked source
-    r = subprocess.run(["bash", str(gs / "source" / "run_autograder")], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = _run_autograder(gs)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads((gs / "results" / "results.json").read_text())
 
@@ -95,6 +92,97 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
         if "hidden/" in t["name"]:
             assert "inputs:" not in t["output"] and "max abs error" not in t["output"]
 
+    # what students see before publication (the visible output) counts and scores public tests only
+    public = [t for t in res["tests"] if t["visibility"] == "visible"]
+    passed, points = sum(t["status"] == "passed" for t in public), sum(t["score"] for t in public)
+    row = next(line for line in res["output"].splitlines() if line.startswith("| 1."))
+    assert row.split("|")[2].strip() == f"{passed}/{len(public)}"
+    assert float(row.split("|")[3].split("/")[0]) == pytest.approx(points, abs=0.01)
+    assert points < res["score"]  # the hidden tests' points exist, and are not in the visible text
+    assert "Hidden tests: their results are shown when the grades are published." in res["output"]
+
+
+def _run_autograder(gs: Path, **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GRADESCOPE_ROOT": str(gs), "AUTOGRADER_PYTHON": sys.executable, "AUTOGRADER_PARTS": "1",
+           "AUTOGRADER_ALLOW_WEAK_SANDBOX": "1", **extra}  # this machine may lack bubblewrap
+    env.pop("PYTHONPATH", None)  # run_autograder sets it to the unpacked source
+    return subprocess.run(["bash", str(gs / "source" / "run_autograder")], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+# A submission that forges its own results and kills the grader (as root, with resource limits only,
+# a worker can do both): it writes score 100 into results.json and into the judge's private output,
+# then SIGKILLs the judge. The forged 100 must not stand.
+FORGER = """
+
+def _forge_and_kill():
+    import json, os, signal
+    pid, judge, cmd = os.getpid(), None, b""
+    for _ in range(12):
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        if pid <= 1:
+            break
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        if b"instructor.gradescope" in cmd:
+            judge = pid
+            break
+    env = dict(e.split(b"=", 1) for e in open(f"/proc/{judge}/environ", "rb").read().split(b"\\0") if b"=" in e)
+    args = cmd.split(b"\\0")
+    targets = [env[b"GRADESCOPE_ROOT"].decode() + "/results/results.json", args[args.index(b"--out") + 1].decode()]
+    for t in targets:
+        with open(t, "w") as f:
+            json.dump({"score": 100.0, "output": "forged", "tests": []}, f)
+    os.kill(judge, signal.SIGKILL)
+
+
+def naive_softmax(x):
+    _forge_and_kill()
+"""
+
+
+def test_an_engine_that_dies_gives_a_failing_results_json(built, tmp_path):
+    gs = tmp_path / "autograder"
+    with zipfile.ZipFile(built) as z:
+        z.extractall(gs / "source")
+    (gs / "submission").mkdir(parents=True)
+    (gs / "submission" / "online_softmax.py").write_text((ROOT / "starter" / "online_softmax.py").read_text() + FORGER)
+    r = _run_autograder(gs)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((gs / "results" / "results.json").read_text())
+    assert res["score"] == 0 and res["tests"] == [] and "autograder itself failed" in res["output"], res
+    assert "judge exit status: 137" in r.stdout  # the kill is in the instructor's log only
+    assert "137" not in res["output"]
+
+
+def test_publish_only_takes_a_clean_exit(tmp_path):
+    from instructor.gradescope.publish import FAILED, publish
+
+    good = {"score": 7.5, "output": "ok", "tests": []}
+    (tmp_path / "private.json").write_text(json.dumps(good))
+    dest = tmp_path / "results" / "results.json"
+    dest.parent.mkdir()
+    dest.write_text(json.dumps({"score": 100.0, "tests": []}))  # planted by a submission
+    assert publish(0, str(tmp_path / "private.json"), str(dest)) == good == json.loads(dest.read_text())
+    assert publish(137, str(tmp_path / "private.json"), str(dest)) == FAILED == json.loads(dest.read_text())
+    assert publish(0, str(tmp_path / "absent.json"), str(dest)) == FAILED
+    (tmp_path / "private.json").write_text("[1, 2]")
+    assert publish(0, str(tmp_path / "private.json"), str(dest)) == FAILED
+
+
+def test_setup_checks_the_sandbox_mode():
+    from instructor.sandbox import detect
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("AUTOGRADER_ALLOW_WEAK_SANDBOX", None)
+    r = subprocess.run([sys.executable, "-m", "instructor.gradescope", "check"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    if detect().mode.startswith("rlimits-only"):
+        assert r.returncode == 1 and "sandbox not available" in r.stderr
+        r = subprocess.run([sys.executable, "-m", "instructor.gradescope", "check"], cwd=ROOT,
+                           env={**env, "AUTOGRADER_ALLOW_WEAK_SANDBOX": "1"}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "instructor.gradescope check" in (ROOT / "instructor" / "gradescope" / "setup.sh").read_text()
+
 
 def test_a_grading_crash_still_writes_results(tmp_path, monkeypatch, capsys):
     import autograder.engine
@@ -104,6 +192,7 @@ def test_a_grading_crash_still_writes_results(tmp_path, monkeypatch, capsys):
         raise RuntimeError("the grader is broken")
 
     monkeypatch.setattr(autograder.engine, "grade", broken)
+    monkeypatch.setenv("AUTOGRADER_ALLOW_WEAK_SANDBOX", "1")
     (tmp_path / "submission").mkdir()
     (tmp_path / "submission" / "online_softmax.py").write_text("x = 1\n")
     res = run(tmp_path)

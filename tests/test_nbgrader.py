@@ -56,7 +56,7 @@ def cycle(tmp_path_factory):
     tests_dir = write_mini_tests(tmp_path_factory.mktemp("minitests"))
     with (course / "nbgrader_config.py").open("a") as f:
         f.write(f"\nc.EngineGrade.parts = [1]\nc.EngineGrade.test_sets = ['public']\n"
-                f"c.EngineGrade.tests_dir = {str(tests_dir)!r}\n")
+                f"c.EngineGrade.tests_dir = {str(tests_dir)!r}\nc.EngineGrade.allow_weak_sandbox = True\n")
     old_path, old_cwd = os.environ.get("PATH", ""), os.getcwd()
     os.environ["PATH"] = f"{Path(os.sys.executable).parent}{os.pathsep}{old_path}"  # nbgrader runs `alembic`
     os.chdir(course)
@@ -144,3 +144,50 @@ def test_student_code_never_runs_in_a_notebook_kernel(cycle):
     nb = nbformat.read(cycle["course"] / "autograded" / "complete" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
     assert all(c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
     assert not (cycle["course"] / "autograded" / "complete" / ASSIGNMENT / "submission").exists()
+
+
+def test_outside_the_repository_without_pythonpath_nbgrader_refuses(tmp_path):
+    # the course folder copied elsewhere, nbgrader's own command line, no PYTHONPATH: the config
+    # cannot import the engine, so nbgrader must stop non-zero before it touches a notebook
+    import subprocess
+    import sys
+
+    course = tmp_path / "course"
+    shutil.copytree(ROOT / "instructor" / "nbgrader_course", course)
+    d = course / "submitted" / "untouched" / ASSIGNMENT
+    d.mkdir(parents=True)
+    shutil.copy(course / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", d)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    r = subprocess.run([str(Path(sys.executable).parent / "nbgrader"), "autograde", ASSIGNMENT, "--force"], cwd=course,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "cannot import the course's grading engine" in r.stderr and "PYTHONPATH" in r.stderr
+    assert not (course / "autograded").exists() and not (course / "gradebook.db").exists()
+
+    # with the engine importable but no sandbox that isolates the workers: refused too, unless allowed
+    from instructor.sandbox import detect
+
+    if detect().mode.startswith("rlimits-only"):
+        nbgrader = [str(Path(sys.executable).parent / "nbgrader")]
+        subprocess.run(nbgrader + ["generate_assignment", ASSIGNMENT, "--force"], cwd=course, check=True,
+                       env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=300)
+        r = subprocess.run([str(Path(sys.executable).parent / "nbgrader"), "autograde", ASSIGNMENT, "--force"],
+                           cwd=course, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0 and "sandbox not available" in r.stdout + r.stderr
+        assert not (course / "autograded" / "untouched" / ASSIGNMENT).exists()  # nbgrader removed the failed one
+
+
+def test_a_test_cell_run_in_a_kernel_never_gives_points(tmp_path):
+    # what nbgrader's default Execute would do with a test cell: run its code. It must raise, so
+    # nbgrader scores the cell 0 whatever the student's code (here: outside the repository)
+    import subprocess
+    import sys
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert len(cells) == len(load_rubric().parts)
+    for cell in cells:
+        r = subprocess.run([sys.executable, "-I", "-c", cell.source], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode != 0 and "AssertionError" in r.stderr and "a kernel run scores 0" in r.stderr

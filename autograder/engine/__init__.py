@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
-    "grade": "runner", "GradingPlugin": "runner",
+    "grade": "runner", "GradingPlugin": "runner", "student_view": "runner", "grade_for_student": "runner",
     "StudentError": "errors", "Limits": "limits", "StudentProxy": "judge",
     "CheckFailure": "checks", "check_close": "checks", "check": "checks", "unpack": "checks",
     "judge_settings": "checks", "FLOAT64_ATOL": "checks",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import sanitize
+
 
 def _fmt_points(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
@@ -39,10 +41,10 @@ def render_text(report: dict) -> str:
                    f"{_fmt_points(p['points'])}/{_fmt_points(p['max_points'])} |")
     out.append(f"| | **total** | | **{_fmt_points(report['total'])}/{_fmt_points(report['max_total'])}** |")
     details = [line for p in report["parts"] for line in part_lines(p)]
-    if details:
-        out += ["", "```text", *details, "```"]
+    if details:  # a fence that no message can close (sanitize.fence)
+        out += ["", sanitize.fence("\n".join(details))]
     if report.get("errors"):
-        out += ["", "Grading problems:", *[f"- {e}" for e in report["errors"]]]
+        out += ["", "Grading problems:", *[f"- {sanitize.markdown(e)}" for e in report["errors"]]]
     return "\n".join(out) + "\n"
 
 

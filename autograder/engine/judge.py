@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import protocol
+from . import protocol, sanitize
 from .errors import StudentError
 from .limits import Limits
 from .paths import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT
@@ -133,20 +133,24 @@ class Engine:
 
 
 def _student_error(err: Any, target: str, name: str) -> StudentError:
+    """The worker's error record (plain data, every field chosen by the submission) as a StudentError.
+    Fields are cut and cleaned to one printable line here, at the boundary (sanitize.py); the kind
+    is one of a fixed set. A hidden test shows none of them (StudentError.redacted)."""
     if type(err) is not dict:
         return StudentError(f"{target} failed", kind="protocol", target=target)
-    kind = err.get("kind") if err.get("kind") in {"exit", "not_implemented", "not_plain", "memory", "exception",
-                                                   "import"} else "exception"
-    exc_type = str(err.get("type", "Exception"))[:80]
+    kind = err.get("kind")
+    if type(kind) is not str or kind not in {"exit", "not_implemented", "not_plain", "memory", "exception", "import"}:
+        kind = "exception"
+    exc_type = sanitize.line(err.get("type", "Exception"), 80)
     raw_where = err.get("where")
     where = None
     function = name
     if type(raw_where) is list and len(raw_where) == 3:
-        where = (str(raw_where[0])[:100], raw_where[1] if type(raw_where[1]) is int else 0)
-        function = str(raw_where[2])[:100]
+        where = (sanitize.line(raw_where[0], 100), raw_where[1] if type(raw_where[1]) is int else 0)
+        function = sanitize.line(raw_where[2], 100)
     loc = f" ({where[0]}:{where[1]})" if where else ""
-    message = str(err.get("message", ""))
-    first = message.strip().splitlines()[0][:300] if message.strip() else ""
+    message = err.get("message", "")
+    first = sanitize.line(message.strip().splitlines()[0] if type(message) is str and message.strip() else "", 300)
     if kind == "not_implemented":
         text = f"not implemented yet — {function} raises NotImplementedError"
     elif kind == "exit":
@@ -160,5 +164,4 @@ def _student_error(err: Any, target: str, name: str) -> StudentError:
     else:
         text = f"{function} raised {exc_type}" + (f": {first}" if first else "") + loc
     return StudentError(text, kind=kind, target=target, function=function, where=where,
-                        detail=str(err.get("traceback", ""))[-4000:], exc_type=exc_type)
-
+                        detail=sanitize.block(str(err.get("traceback", ""))[-4000:]), exc_type=exc_type)

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Sequence
 import pytest
 
 from . import cases as case_sets
-from . import static
+from . import sanitize, static
 from .checks import CheckFailure
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
     prepare_submission
@@ -175,17 +175,25 @@ def _short_text(report: Any, exc: BaseException | None) -> str:
 # the report
 
 
+HIDDEN_FAILED = "failed (hidden test: details are not shown)"
+
+
 def _message(res: dict, redact: bool) -> str:
+    """A failed test's message. Hidden (redacted) tests: only text the judge wrote. Public tests:
+    the check's or the call's message, cleaned (a returned string or an exception message may
+    appear in it)."""
     exc = res.get("exc")
     if isinstance(exc, CheckFailure):
-        return exc.message(redact=redact)
-    if isinstance(exc, StudentError):
+        text = exc.message(redact=redact)
+    elif isinstance(exc, StudentError):
         return exc.redacted() if redact else str(exc)
-    if res["outcome"] == "error":
-        return res["text"] if not redact else "grading error (please report it)"
-    if redact:
-        return "failed (hidden test: details are not shown)"
-    return res.get("text", "")
+    elif res["outcome"] == "error":
+        text = res["text"] if not redact else "grading error (please report it)"
+    elif redact:
+        return HIDDEN_FAILED
+    else:
+        text = res.get("text", "")
+    return sanitize.block(text, 2000, 40)
 
 
 def _failure_dict(info: dict, test_id: str, res: dict, redact: bool) -> dict:
@@ -197,7 +205,7 @@ def _failure_dict(info: dict, test_id: str, res: dict, redact: bool) -> dict:
         out.update(exc.as_dict(redact=redact))
     elif isinstance(exc, StudentError):
         out.update(kind=exc.kind, what=f"calling {exc.target}")
-        if exc.function:
+        if exc.function and not redact:  # the qualname is the submission's choice
             out["function"] = exc.function
     else:
         out["kind"] = res["outcome"]
@@ -271,11 +279,12 @@ def build_report(plugin: GradingPlugin, sub: Any, rubric: Rubric, parts: Sequenc
                      "message": "" if ok else _message(res, redact)}
             out = plugin.engine.outputs.get(info["nodeid"])
             if out is not None and out.data and not redact:
-                entry["output"] = out.data.decode("utf-8", "replace")
+                entry["output"] = sanitize.block(out.data, 1 << 20, 1 << 16)  # already capped by the engine
             tests.append(entry)
             statuses.append(res["outcome"])
             if res["outcome"] == "error":
-                errors.append(f"{info['nodeid']}: {res['text']}")
+                errors.append(f"{test_id}: a hidden test could not run (the instructor has the details)" if redact
+                              else f"{info['nodeid']}: {sanitize.line(res['text'], 500)}")
             if not ok:
                 fd = _failure_dict(info, test_id, res, redact)
                 if not redact and first is None:
@@ -450,3 +459,43 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                         "worker_startup_s": [round(s, 3) for s in stats.startup_s],
                         "in_calls_s": round(stats.call_s, 3)}
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# what a student sees
+
+
+OUTPUT_SHOWN = 2000  # characters of a test's printed output kept in a student's view
+OUTPUT_TOTAL = 20000  # characters of printed output in one view, all tests together
+
+
+def student_view(report: dict) -> dict:
+    """The report as a student may see it (every channel renders this): hidden tests arrive
+    redacted by the engine; here they also lose any output, the error list loses lines about
+    hidden tests, printed output is truncated, and timings go."""
+    view = json.loads(json.dumps(report))
+    view["errors"] = [("a hidden test could not run (the instructor has the details)" if "hidden" in e
+                       else sanitize.line(e, 500)) for e in view.get("errors", [])]
+    budget = OUTPUT_TOTAL
+    for t in view.get("tests", []):
+        if t.get("set") == "hidden":
+            t.pop("output", None)
+            continue
+        text = t.get("output")
+        if text:
+            keep = max(0, min(OUTPUT_SHOWN, budget))
+            budget -= keep
+            t["output"] = text[:keep] + (f"\n[... output truncated: {len(text)} characters in all]"
+                                         if len(text) > keep else "")
+    view.pop("timing", None)
+    return view
+
+
+def grade_for_student(impl_dir: str | os.PathLike, **kwargs: Any) -> tuple[dict, dict]:
+    """`make grade`'s one call: the engine on a folder, then the student view of its report.
+    Returns (report, view); the channels (instructor/grading.py) add intake and a sandbox on top."""
+    report = grade(impl_dir, **kwargs)
+    view = student_view(report) if kwargs.get("redact_sets", ("hidden",)) else json.loads(json.dumps(report))
+    if kwargs.get("worker_prefix") is None:  # every result records its isolation mode
+        view["sandbox"] = "none (worker processes with the engine's limits only)"
+    return report, view

@@ -12,8 +12,7 @@ import zipfile
 from pathlib import Path
 from typing import Sequence
 
-from .. import intake
-from ..batch import UID_BASE, environment, make_view
+from ..grading import Options, grade_one
 from ..sandbox import detect
 from .results import results_json
 
@@ -28,7 +27,8 @@ CONTENTS = [
     "autograder/__init__.py", "autograder/rubric.toml", "autograder/engine", "autograder/scenarios",
     "autograder/tests",  # the checks, their public cases, conftest
     "instructor/__init__.py", "instructor/hidden_tests",  # the hidden cases
-    "instructor/intake.py", "instructor/sandbox.py", "instructor/batch.py", "instructor/gradescope",
+    "instructor/intake.py", "instructor/sandbox.py", "instructor/batch.py", "instructor/grading.py",
+    "instructor/gradescope",
 ]
 SKIP = {"__pycache__", ".pytest_cache", ".hypothesis"}
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # reproducible zip: same inputs, same bytes
@@ -65,32 +65,78 @@ def build(out: Path) -> Path:
     return out
 
 
-def run(root: Path, parts: Sequence[int] | None = None) -> dict:
-    """Grade root/submission; write root/results/results.json (always, even when grading fails)."""
-    t0 = time.perf_counter()
-    results_dir = root / "results"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        from autograder.engine import grade
+WEAK_OK = "AUTOGRADER_ALLOW_WEAK_SANDBOX"  # =1: the instructor accepts grading with rlimits only
 
+
+def sandbox_refusal(box) -> str | None:
+    """Why this machine's sandbox is not good enough to grade on, or None. Only resource limits
+    (no file system isolation, no unprivileged uid) is refused unless the instructor set
+    AUTOGRADER_ALLOW_WEAK_SANDBOX=1."""
+    if box.mode.startswith("rlimits-only") and os.environ.get(WEAK_OK) != "1":
+        return (f"sandbox not available: {box.mode}; the autograder refuses to grade without isolation "
+                f"(set {WEAK_OK}=1 in setup.sh and run_autograder to accept resource limits only)")
+    return None
+
+
+def failing_result(reason: str = "") -> dict:
+    """A results.json that gives 0 and says the grader failed (the reason goes to stdout only)."""
+    from .publish import FAILED
+
+    if reason:
+        print(f"autograder failure: {reason}")  # stdout: the instructor's log, hidden from students
+    return json.loads(json.dumps(FAILED))
+
+
+def _write_private(path: Path, result: dict) -> None:
+    """Write `path` afresh: a file a worker planted there (or a link) is replaced, not followed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def run(root: Path, parts: Sequence[int] | None = None, out: Path | None = None) -> dict:
+    """Grade root/submission with grade_one and write the results JSON to `out` (default
+    root/results/results.json), always, even when grading fails. The file is written only here,
+    after grade_one returned, i.e. after every worker of the engine is dead; run_autograder passes
+    a private `out` and publishes it only if this process exits 0."""
+    t0 = time.perf_counter()
+    out = out or root / "results" / "results.json"
+    try:
         box = detect()
-        info = box.describe()
-        with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
-            sub = intake.take(root / "submission", Path(tmp) / "files")
-            report = None
-            if sub.files and not sub.error:
-                report = grade(sub.dir, parts=parts, test_sets=("public", "hidden"),
-                               worker_prefix=box.with_uid(UID_BASE))
-            view, _ = make_view("submission", sub, report, None, info, environment(), parts)
-        result = results_json(view, notes=view["intake"]["notes"], execution_time=time.perf_counter() - t0)
-        print(f"sandbox: {info['sandbox']}; process limit: {info['process_limit']}")  # stdout: hidden from students
+        refusal = sandbox_refusal(box)
+        if refusal:
+            result = failing_result(refusal)
+        else:
+            options = Options(parts=list(parts) if parts else None, test_sets=("public", "hidden"), sandbox=box)
+            with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
+                graded = grade_one(root / "submission", Path(tmp), options, name="submission")
+            print(f"sandbox: {box.describe()['sandbox']}; status: {graded.status}")  # stdout: hidden from students
+            if graded.status == "failed to grade":
+                print(graded.failure.get("traceback", ""))
+                result = failing_result(graded.reason)
+            else:
+                # no execution_time: a submission can stretch its hidden calls, so the time is a channel
+                result = results_json(graded.view, notes=graded.view["intake"]["notes"])
+            print(f"grading took {time.perf_counter() - t0:.1f} s")  # stdout: the instructor's log
     except Exception:  # noqa: BLE001 -- students must always get a results.json
         traceback.print_exc(file=sys.stdout)
-        result = {"score": 0.0, "output": "The autograder itself failed on this submission; your instructor has "
-                  "the details (this is not a problem with your code's grade).", "visibility": "visible",
-                  "stdout_visibility": "hidden", "tests": []}
-    (results_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+        result = failing_result()
+    _write_private(Path(out), result)
     return result
+
+
+def check(allow_weak: bool = False) -> int:
+    """setup.sh's check: the sandbox this image gives, one line; non-zero if it is refused."""
+    box = detect()
+    print(json.dumps(box.describe()))
+    refusal = None if allow_weak else sandbox_refusal(box)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 1
+    print(f"sandbox: {box.mode}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,12 +148,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--root", type=Path, default=Path(os.environ.get("GRADESCOPE_ROOT", "/autograder")))
     r.add_argument("--parts", default=os.environ.get("AUTOGRADER_PARTS") or None,
                    help="comma-separated parts (default: all; for checking the set-up only)")
+    r.add_argument("--out", type=Path, default=None,
+                   help="where to write the results (default: ROOT/results/results.json)")
+    sub.add_parser("check", help="setup.sh: fail unless the sandbox isolates the workers "
+                   f"(or {WEAK_OK}=1 accepts resource limits only)")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         print(build(a.out))
         return 0
+    if a.cmd == "check":
+        return check()
     parts = [int(x) for x in a.parts.split(",")] if a.parts else None
-    result = run(a.root, parts)
+    result = run(a.root, parts, a.out)
     print(f"score {result['score']:g}")
     return 0
 

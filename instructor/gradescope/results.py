@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autograder.engine import sanitize
+
 VISIBILITY = {"public": "visible", "hidden": "after_published"}
 OUTPUT_CHARS = 4000  # per test, Gradescope renders long outputs poorly
 
@@ -21,9 +23,18 @@ def _test_output(t: dict) -> str:
     return text if len(text) <= OUTPUT_CHARS else text[:OUTPUT_CHARS] + "\n[... truncated]"
 
 
+def _fmt(x: float) -> str:
+    return f"{x:.2f}".rstrip("0").rstrip(".")
+
+
 def results_json(view: dict, *, notes: list[str] | None = None, output: str | None = None,
                  execution_time: float | None = None) -> dict[str, Any]:
-    """Gradescope results for one submission. `view` is a student view of an engine report."""
+    """Gradescope results for one submission. `view` is a student view of an engine report.
+
+    Students see `output` and the "visible" tests at once; hidden tests are "after_published".
+    So `output` counts and scores the PUBLIC tests only and names no hidden result: no hidden
+    points, pass counts or messages appear in any field a student sees before publication.
+    Every string the submission influenced is escaped for markdown (output_format "md")."""
     tests = []
     numbers: dict[int, int] = {}
     for t in view.get("tests", []):
@@ -41,15 +52,22 @@ def results_json(view: dict, *, notes: list[str] | None = None, output: str | No
         })
     lines = []
     if notes:
-        lines += ["Your submission:"] + [f"- {n}" for n in notes] + [""]
-    lines += ["| part | tests passed | points |", "|---|---|---|"]
+        lines += ["Your submission:", ""] + [f"- {sanitize.markdown(n)}" for n in notes] + [""]
+    public = [t for t in view.get("tests", []) if t.get("set") != "hidden"]
+    any_hidden = len(public) < len(view.get("tests", []))
+    lines += ["| part | public tests passed | public points |", "|---|---|---|"]
     for p in view.get("parts", []):
-        lines.append(f"| {p['part']}. {p['name']} | {p['passed']}/{p['total']} | {p['points']:g} / {p['max_points']:g} |")
+        mine = [t for t in public if t.get("part") == p["part"]]
+        got, most = sum(float(t["score"]) for t in mine), sum(float(t["max_score"]) for t in mine)
+        passed = sum(t.get("outcome") == "passed" for t in mine)
+        lines.append(f"| {p['part']}. {sanitize.markdown(p['name'])} | {passed}/{len(mine)} | {_fmt(got)} / {_fmt(most)} |")
         f = p.get("first_failure") or {}
         if p.get("status") != "ok" and f.get("message") and not tests:
-            lines.append(f"| | {f['message']} | |")
+            lines.append(f"| | {sanitize.markdown(f['message'])} | |")
+    if any_hidden:
+        lines += ["", "Hidden tests: their results are shown when the grades are published."]
     if view.get("sandbox"):
-        lines += ["", f"sandbox: {view['sandbox']}"]
+        lines += ["", f"sandbox: {sanitize.markdown(view['sandbox'])}"]
     result: dict[str, Any] = {
         "score": float(view.get("total", 0.0)),
         "output": output if output is not None else "\n".join(lines),

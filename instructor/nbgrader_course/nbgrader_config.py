@@ -4,20 +4,28 @@
 #   nbgrader autograde flashattention                # grade submitted/*/flashattention/
 #   nbgrader export; nbgrader generate_feedback flashattention
 # source/flashattention/flashattention.ipynb is GENERATED: python -m instructor.make_notebook
+#
+# Fail closed: if the grading engine cannot be imported (this folder copied out of the repository
+# without PYTHONPATH, a broken install), this file stops nbgrader with exit status 2 and one line
+# saying what to do. nbgrader would otherwise log the error, fall back to its default Execute
+# preprocessor and run the students' notebooks in a kernel, unsandboxed.
 import os
 import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
+_repo = os.path.dirname(os.path.dirname(_here))  # where this folder lives inside the repository
+if os.path.isfile(os.path.join(_repo, "instructor", "nbgrader_channel.py")) and _repo not in sys.path:
+    sys.path.insert(0, _repo)
 try:
-    import instructor.nbgrader_channel  # noqa: F401
-except ImportError:  # run from this folder without PYTHONPATH: the repository is two levels up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(_here)))
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
 
-from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
-from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,  # noqa: E402
-                                    LimitOutput, SaveAutoGrades)
-
-from instructor.nbgrader_channel import EngineGrade  # noqa: E402
+    from instructor.nbgrader_channel import EngineGrade
+except Exception as _e:  # noqa: BLE001 -- any import failure: refuse, never grade without the engine
+    print(f"error: nbgrader_config.py cannot import the course's grading engine ({type(_e).__name__}: {_e}); "
+          "run nbgrader with the course repository on PYTHONPATH, e.g. PYTHONPATH=/path/to/repo nbgrader ...",
+          file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 c = get_config()  # noqa: F821 -- provided by nbgrader's config loader
 
@@ -39,3 +47,4 @@ c.Autograde.autograde_preprocessors = [
     CheckCellMetadata,
 ]
 c.EngineGrade.test_sets = ["public", "hidden"]
+# c.EngineGrade.allow_weak_sandbox = True   # accept resource limits only where bubblewrap cannot run

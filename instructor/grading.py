@@ -1,0 +1,234 @@
+"""Grade ONE submission: intake, then the engine, then the student's view. Every channel calls this.
+
+    graded = grade_one(entry, work, options)             # batch judges, Gradescope
+    graded = grade_one(None, work, options, take=...)    # nbgrader (the notebook's cells as intake)
+
+The batch (instructor/batch.py), Gradescope (instructor/gradescope/) and nbgrader
+(instructor/nbgrader_channel.py) only render the returned `Graded`; `make grade` calls the thin
+engine-level autograder.engine.grade_for_student that this builds on. Nothing here raises for
+anything a submission controls: intake problems and engine failures land in the result, with a
+reason, and every result records the sandbox mode it was graded in.
+
+Renderers: `feedback_markdown` (feedback.md), gradescope.results.results_json (results.json),
+`write_outputs` (a student's folder of the batch). Every string a submission chose is sanitized
+at intake and in the judge (autograder/engine/sanitize.py); the markdown renderer escapes it.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import platform
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from autograder.engine import sanitize
+from autograder.engine.runner import student_view
+
+from . import intake
+
+DEFAULT_GRADER = "autograder.engine:grade"
+UID_BASE = 64000  # judge slot i runs its workers as uid UID_BASE + i (bubblewrap mode, as root)
+STATUSES = ("graded", "failed to grade", "rejected")
+
+
+@dataclass
+class Options:
+    """How to grade (the same for every submission of a run)."""
+
+    parts: list[int] | None = None
+    test_sets: tuple[str, ...] = ("public", "hidden")
+    limits: dict = field(default_factory=dict)
+    grader: str = DEFAULT_GRADER  # "module:function" with autograder.engine.grade's signature
+    sandbox: Any = None  # instructor.sandbox.Sandbox, or None (no sandbox: debugging only)
+    tests_dir: str | None = None  # another assignment-tests folder (default: autograder/tests)
+
+
+@dataclass
+class Graded:
+    """One submission's result. `view` is what the student may see; `failure` is instructor-only
+    (why grading failed, with the traceback)."""
+
+    name: str
+    source: str  # the entry as uploaded (sanitized: printable even when the name was not UTF-8)
+    status: str  # graded | failed to grade | rejected
+    reason: str  # why it is not "graded" (never empty then); "" when graded
+    view: dict
+    failure: dict | None = None
+    timing: dict | None = None
+    elapsed_s: float | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Graded":
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def environment() -> dict:
+    """Python version and the installed distributions (what `pip freeze` lists), hashed."""
+    dists = sorted({f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()
+                    if d.metadata and d.metadata["Name"]}, key=str.lower)
+    return {"python": platform.python_version(), "implementation": platform.python_implementation(),
+            "machine": platform.machine(), "packages": len(dists),
+            "pip_freeze_sha256": hashlib.sha256("\n".join(dists).encode()).hexdigest()}
+
+
+def sandbox_info(options: Options) -> dict:
+    return options.sandbox.describe() if options.sandbox else {
+        "sandbox": "none (disabled with --sandbox off; for debugging only)", "process_limit": "none"}
+
+
+def resolve(spec: str) -> Callable:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable | None = None) -> dict:
+    """The engine (options.grader) on a folder of graded files, workers in options.sandbox as
+    uid UID_BASE + slot. Returns the engine's full report (hidden tests already redacted)."""
+    grade = grade or resolve(options.grader)
+    prefix = options.sandbox.with_uid(UID_BASE + slot) if options.sandbox else None
+    extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
+    report = grade(impl_dir, parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,
+                   limits=options.limits or None, **extra)
+    return json.loads(json.dumps(report))  # plain JSON from here on
+
+
+def grade_one(entry: Path | None, work: Path, options: Options, *, name: str | None = None, slot: int = 0,
+              take: Callable[[Path], intake.Submission] | None = None, env: dict | None = None,
+              grade: Callable | None = None) -> Graded:
+    """Intake `entry` (a folder or a .zip; or `take(dest)`, which returns a Submission) into
+    work/files, grade the accepted files, and return the result. Never raises for anything the
+    submission controls; an engine failure becomes status "failed to grade" with its reason."""
+    t0 = time.perf_counter()
+    work = Path(work)
+    sub = take(work / "files") if take else intake.take(Path(entry), work / "files")
+    if name:
+        sub.name = name
+    report = failure = None
+    if not sub.error and sub.files:
+        try:
+            report = run_engine(sub.dir, options, slot, grade)
+        except Exception as e:  # noqa: BLE001 -- a grading failure is a result, not a crash
+            failure = {"reason": sanitize.line(f"{type(e).__name__}: {e}", 300), "traceback": traceback.format_exc()}
+    return result(sub, report, failure, options, env, time.perf_counter() - t0)
+
+
+def failed(entry: Path, work: Path, options: Options, name: str, reason: str, detail: str = "",
+           env: dict | None = None, elapsed: float | None = None) -> Graded:
+    """The result for a submission whose judge died or hung: intake again (for the notes), no engine."""
+    try:
+        sub = intake.take(Path(entry), Path(work) / "files-again")
+    except Exception as e:  # noqa: BLE001
+        sub = intake.Submission(name=name, source=str(entry), error=f"intake failed ({type(e).__name__})")
+    sub.name = name
+    return result(sub, None, {"reason": sanitize.line(reason, 300), "traceback": detail}, options, env, elapsed)
+
+
+def _rubric_parts() -> list[dict]:
+    from autograder.engine import load_rubric
+
+    return [{"part": p.number, "name": p.name, "max_points": float(p.points)} for p in load_rubric().parts]
+
+
+def zero_report(reason: str, parts: Sequence[int] | None) -> dict:
+    """A report with every part at 0 and `reason` as each part's failure (nothing was run)."""
+    rows = [{"part": p["part"], "name": p["name"], "points": 0.0, "max_points": p["max_points"], "passed": 0,
+             "total": 0, "status": "error", "first_failure": {"test": None, "message": reason, "kind": "rejected"}}
+            for p in _rubric_parts() if not parts or p["part"] in parts]
+    return {"parts": rows, "total": 0.0, "max_total": float(sum(r["max_points"] for r in rows)), "tests": [],
+            "errors": [reason], "hashes": {}}
+
+
+def _rejection(sub: intake.Submission) -> str:
+    """Why nothing of this submission could be graded (never empty)."""
+    if sub.error:
+        return f"submission rejected: {sub.error}"
+    if sub.rejected:
+        shown = "; ".join(f"{p}: {why}" for p, why in sub.rejected[:3])
+        return f"no graded file was accepted ({shown}{' ...' if len(sub.rejected) > 3 else ''})"
+    return f"no graded files found (expected {', '.join(intake.all_graded_files())})"
+
+
+def result(sub: intake.Submission, report: dict | None, failure: dict | None, options: Options,
+           env: dict | None = None, elapsed: float | None = None) -> Graded:
+    """A Graded from the intake, the engine's report (or None) and a failure (or None)."""
+    env = env or environment()
+    info = sandbox_info(options)
+    if failure is not None:
+        status, reason = "failed to grade", f"failed to grade: {failure['reason']}"
+    elif report is None:
+        status, reason = "rejected", _rejection(sub)
+    else:
+        status, reason = "graded", ""
+    full = report if report is not None else zero_report(reason, options.parts)
+    view = student_view(full)
+    view["student"] = sub.name
+    view["status"] = status
+    view["intake"] = {"notes": sub.notes(), "files": sub.files, "sha256": sub.sha256}
+    view["sandbox"] = info["sandbox"]
+    view["hashes"] = {**full.get("hashes", {}), "intake_sha256": sub.sha256,
+                      "pip_freeze_sha256": env["pip_freeze_sha256"], "python": env["python"]}
+    return Graded(name=sub.name, source=sanitize.name(sub.source, 500), status=status, reason=reason, view=view,
+                  failure=failure, timing=(report or {}).get("timing"), elapsed_s=elapsed)
+
+
+# ---------------------------------------------------------------------------------------------
+# renderers
+
+
+def hidden_summary(view: dict) -> list[tuple[str, int, int]]:
+    """(hidden test function, passed, run) per hidden test function, in order."""
+    groups: dict[str, list[bool]] = {}
+    for t in view.get("tests", []):
+        if t.get("set") == "hidden":
+            groups.setdefault(t["id"].split("[", 1)[0], []).append(t["outcome"] == "passed")
+    return [(name, sum(ok), len(ok)) for name, ok in groups.items()]
+
+
+def feedback_markdown(graded: Graded) -> str:
+    """The feedback a student reads: intake notes, then what `make grade` shows (the engine's own
+    renderer: per-part table, first failure of each part), then the hidden tests by name. Every
+    line a submission could have influenced is escaped (sanitize.markdown) or fenced."""
+    from autograder.engine.feedback import render_text
+
+    view = graded.view
+    lines = [f"# Feedback for {sanitize.markdown(graded.name)}", ""]
+    notes = view.get("intake", {}).get("notes", [])
+    if notes:
+        lines += ["## Your submission", ""] + [f"- {sanitize.markdown(n)}" for n in notes] + [""]
+    lines += ["## Grade", "", render_text(view).rstrip("\n")]
+    hidden = hidden_summary(view)
+    if hidden:
+        lines += ["", "## Hidden tests", "", "Named, not revealed: their inputs and expected values are not shown.", ""]
+        lines += [f"- `{name}`: {ok}/{n} passed" for name, ok, n in hidden]
+    lines += ["", "---", f"Graded with the test sets {', '.join(view.get('test_sets') or ['public'])}. "
+              f"Sandbox: {sanitize.markdown(view.get('sandbox', '?'))}.", ""]
+    return "\n".join(lines)
+
+
+def write_outputs(folder: Path, graded: Graded) -> None:
+    """A student's folder: feedback.md, feedback.json, results.json (Gradescope's format), and for
+    the instructor only grading-error.txt when grading failed."""
+    from .gradescope.results import results_json
+
+    def write(name: str, text: str) -> None:  # JSON is ASCII; text is sanitized (the escape handler is a backstop)
+        (folder / name).write_text(text, encoding="utf-8", errors="backslashreplace")
+
+    folder.mkdir(parents=True, exist_ok=True)
+    notes = graded.view["intake"]["notes"]
+    write("feedback.json", json.dumps(graded.view, indent=2, sort_keys=True) + "\n")
+    write("feedback.md", feedback_markdown(graded))
+    write("results.json", json.dumps(results_json(graded.view, notes=notes), indent=2) + "\n")
+    if graded.failure:
+        write("grading-error.txt", graded.failure["reason"] + "\n\n"
+              + sanitize.block(graded.failure.get("traceback", ""), 20000, 400))

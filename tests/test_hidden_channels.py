@@ -1,0 +1,130 @@
+"""Hidden tests stay hidden: a probe submission spells each hidden input in every string it can
+choose (exception class name and message, qualname, file name, line number, the type name of a
+non-plain return value, sys.exit's argument, a signal, an exit status, printed output), and none of
+it reaches the report, the feedback or results.json. The same probe graded with redaction off
+shows that each channel carries the input, so the test can fail."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autograder.engine import grade
+from autograder.engine.errors import _HIDDEN_TEXT, HIDDEN_SUFFIX
+from autograder.engine.runner import HIDDEN_FAILED
+
+SECRET = 7130  # hidden case k passes the input SECRET + k; the probe spells it as ZQX7130+k
+
+TESTS = '''
+import pytest
+import torch
+
+from autograder.engine.cases import cases
+from autograder.engine.checks import check_close
+
+pytestmark = pytest.mark.part1
+
+
+@cases(0)
+def test_probe(student, case):
+    x = torch.full((2, 3), float(case))
+    out = student.call("online_softmax.naive_softmax", x)
+    check_close(out, torch.softmax(x.double(), -1), what="naive_softmax(x)", inputs={"x": x},
+                plain=torch.softmax(x, -1))
+'''
+
+HIDDEN = f"HIDDEN = {{'test_probe': [{SECRET} + k for k in range(10)]}}\n"
+
+PROBE = '''
+import os, signal, sys
+import torch
+
+
+def naive_softmax(x):
+    s = int(x.flatten()[0].item())
+    if s == 0:
+        return torch.softmax(x, -1)  # the public case passes
+    mode, tag = s % 10, f"ZQX{s}"
+    print(tag, file=sys.stderr)
+    if mode == 0:
+        raise type(tag, (Exception,), {})(f"{tag} in /tmp/{tag}.py")  # class name, message, a path
+    if mode == 1:
+        def f():
+            raise ValueError("x")
+        f.__code__ = f.__code__.replace(co_qualname=tag, co_name=tag)  # qualname
+        f()
+    if mode == 2:
+        exec(compile("raise RuntimeError('x')", f"/leak/{tag}.py", "exec"), globals())  # file name
+    if mode == 3:
+        exec(compile("\\n" * s + "raise RuntimeError('x')", "f.py", "exec"), globals())  # line number
+    if mode == 4:
+        return type(tag, (), {})()  # the type name of a value that is not plain data
+    if mode == 5:
+        raise MemoryError(tag)
+    if mode == 6:
+        sys.exit(tag)
+    if mode == 7:
+        return tag  # a returned string (the check describes what it got)
+    if mode == 8:
+        os.kill(os.getpid(), signal.SIGUSR1 if s % 2 else signal.SIGUSR2)  # a signal number
+    os._exit(s % 256)  # an exit status
+'''
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probe")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_part1_probe.py").write_text(TESTS)
+    (root / "hidden").mkdir()
+    (root / "hidden" / "part1_probe.py").write_text(HIDDEN)
+    (root / "impl").mkdir()
+    (root / "impl" / "online_softmax.py").write_text(PROBE)
+    kw = dict(parts=[1], test_sets=("public", "hidden"), tests_dir=root / "tests", hidden_dir=root / "hidden",
+              limits={"max_losses": 4, "call_timeout_s": 20})
+    return {"redacted": grade(root / "impl", **kw), "open": grade(root / "impl", redact_sets=(), **kw)}
+
+
+def _hidden(report: dict) -> list[dict]:
+    return [t for t in report["tests"] if t["set"] == "hidden"]
+
+
+def test_the_probe_really_spells_the_inputs_when_nothing_is_redacted(graded):
+    tests = _hidden(graded["open"])
+    assert len(tests) == 10 and not any(t["outcome"] == "passed" for t in tests)
+    text = json.dumps(tests)
+    leaked = set(re.findall(r"ZQX(\d+)", text))
+    assert len(leaked) >= 6, text  # class name, qualname, file name, type name, exit, returned string ...
+    assert "signal" in text and "status" in text
+
+
+def test_a_hidden_failure_shows_only_text_the_judge_wrote(graded):
+    report = graded["redacted"]
+    tests = _hidden(report)
+    assert len(tests) == 10 and all(t["outcome"] != "passed" for t in tests)
+    allowed = {v.format(target="online_softmax.naive_softmax", name="naive_softmax") + HIDDEN_SUFFIX
+               for v in _HIDDEN_TEXT.values()}
+    for t in tests:
+        msg = t["message"]
+        assert msg in allowed or msg == HIDDEN_FAILED or msg.startswith("checked: naive_softmax(x)\n"), msg
+        assert not re.search(r"\d", msg.replace("naive_softmax", "")), msg  # no number of any kind
+        assert "output" not in t
+    dumped = json.dumps(report)
+    assert "ZQX" not in dumped and "SIGUSR" not in dumped and "signal" not in dumped
+    first = report["parts"][0]["first_failure"]
+    assert first["set"] == "hidden" and "function" not in first and "ZQX" not in json.dumps(first)
+
+
+def test_the_channels_render_no_hidden_input(graded):
+    from instructor import intake
+    from instructor.grading import Options, feedback_markdown, result
+    from instructor.gradescope.results import results_json
+
+    sub = intake.Submission(name="probe", source="probe", files={"online_softmax.py": "0" * 64})
+    g = result(sub, graded["redacted"], None, Options(parts=[1]))
+    md = feedback_markdown(g)
+    res = results_json(g.view, notes=g.view["intake"]["notes"])
+    shown = md + res["output"] + json.dumps([t["output"] for t in res["tests"]])
+    assert "ZQX" not in shown and not re.search(str(SECRET)[:3], shown)
