@@ -58,6 +58,8 @@ HINT_UNTRACED = ("o and lse are right for the inputs your code was called with, 
                  "your kernels' recorded program on its own inputs: O and L must be written by the kernel from "
                  "values it loaded and computed with numpy (no host-side compute, no float()/.item() or index "
                  "assignment into a plain numpy array of loaded values, no register kept from another thread block)")
+HINT_NO_STORE = ("your kernels never store to O (or L): o and lse are read from the O and L buffers after the "
+                 "grader's own replay of your kernels, not from what run_flash_kernel returns or writes on the host")
 HINT_PROGRAM = ("run_flash_kernel must launch the kernel on a simulated GPU whose buffers Q, K, V hold q, k, v "
                 "(heads one after another) and O, L receive the results, as the given launcher does")
 HINT_VALUES = ("o = softmax(scale·q kᵀ) v row by row with the online softmax (§5.1): rescale acc and ℓ by "
@@ -349,10 +351,17 @@ def _values_right(student, case: KernelCase, program: dict, j: Judged) -> None:
     check(seen.error is None, what="the grader replays your kernels' recorded program on its own simulated GPU",
           detail=f"refused: {seen.error}", hint=HINT_PROGRAM, inputs=shown)
     failure = _values_failure(Judged(seen.q, seen.k, seen.v, seen.o, seen.lse, seen.stats), case, shown)
+    bufs = seen.stats.get("buffers", {})
+    no_store = any(bufs.get(n, {}).get("global_store_requests", 0) + bufs.get(n, {}).get("atomic_requests", 0) == 0
+                   for n in ("O", "L"))
     if failure is None:
         raise CheckFailure("o and lse come from the kernel: the grader's replay of the recorded program on its own "
                            "inputs gives the right values", detail="right on the inputs of the call, wrong on the "
-                           "grader's own inputs", hint=HINT_UNTRACED, inputs=shown)
+                           "grader's own inputs", hint=HINT_NO_STORE if no_store else HINT_UNTRACED, inputs=shown)
+    if no_store:
+        failure.hint = HINT_NO_STORE
+        failure.args = (failure.message(),)
+        raise failure
     raise _explained(failure, seen.stats, case, student.hidden)
 
 

@@ -508,7 +508,7 @@ class _Replayer:
                 raise _fail("a bad scalar dtype")
             return np.dtype(r[2]).type(v)
         if tag in ("L", "T") and len(r) == 2 and type(r[1]) is list:
-            if len(r[1]) > 64:
+            if len(r[1]) > 1 << 16:
                 raise _fail("an operand list that is too long")
             items = [self.resolve(v, env) for v in r[1]]
             return items if tag == "L" else tuple(items)
