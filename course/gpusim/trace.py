@@ -44,6 +44,7 @@ from .errors import GpuSimError
 MAX_EVENTS = 200_000  # instructions + operations in one program
 MAX_CONST_BYTES = 48 << 20  # constants (index arrays, masks, initial buffer contents)
 MAX_BUFFER_ELEMENTS = 1 << 23  # one global buffer
+MAX_TOTAL_ELEMENTS = 1 << 24  # all global buffers of the program together
 MAX_BLOCKS = 1 << 14  # thread blocks of one launch
 MAX_LAUNCHES = 64
 MAX_WORK = 2_000_000_000  # elements touched by the replayed arithmetic (matmul: out x inner)
@@ -370,29 +371,22 @@ def recording() -> Recorder | None:
 # Digest: a fingerprint of a program (the judge derives its own input seed from it)
 # ----------------------------------------------------------------------------------------------
 def digest(program: dict) -> str:
-    """sha256 over a canonical encoding of the program (structure, numbers and array bytes)."""
+    """sha256 over a canonical encoding of the program: its structure and numbers as JSON (sorted
+    keys), then every array's dtype, shape and bytes. Raises RecordingError if it is not a program."""
+    import json
+
+    if type(program) is not dict or type(program.get("arrays")) is not list:
+        raise RecordingError("the recording is not a program")
     h = hashlib.sha256()
-
-    def walk(x: Any) -> None:
-        t = type(x)
-        if t is dict:
-            h.update(b"{")
-            for k in sorted(x, key=str):
-                h.update(repr(k).encode())
-                walk(x[k])
-            h.update(b"}")
-        elif t in (list, tuple):
-            h.update(b"[")
-            for v in x:
-                walk(v)
-            h.update(b"]")
-        elif hasattr(x, "numpy") and hasattr(x, "dtype"):  # a torch tensor
-            h.update(f"T{x.dtype}{tuple(x.shape)}".encode())
-            h.update(x.contiguous().numpy().tobytes())
-        else:
-            h.update(f"{t.__name__}:{x!r};".encode())
-
-    walk(program)
+    try:
+        h.update(json.dumps({k: v for k, v in program.items() if k != "arrays"}, sort_keys=True).encode())
+    except (TypeError, ValueError):
+        raise RecordingError("the recording is not plain data") from None
+    for a in program["arrays"]:
+        if not (hasattr(a, "numpy") and hasattr(a, "dtype")):
+            raise RecordingError("the recording holds an array that is not a tensor")
+        h.update(f"T{a.dtype}{tuple(a.shape)}".encode())
+        h.update(a.contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -452,6 +446,7 @@ class _Replayer:
         if n_events > MAX_EVENTS:
             raise RecordingError(f"the recorded program has {n_events} events, more than the {MAX_EVENTS} the grader replays")
         self.gpus = []
+        total_elements = 0
         for gi, g in enumerate(gpus):
             if type(g) is not dict or type(g.get("buffers")) is not list:
                 raise _fail("bad GPU")
@@ -465,8 +460,10 @@ class _Replayer:
                 if dt not in ("<f4", "<i4") or type(shape) is not list or len(shape) > 8:
                     raise _fail(f"buffer {name}: bad dtype or shape")
                 size = math.prod(_int(s, 1, MAX_BUFFER_ELEMENTS) for s in shape)
-                if size > MAX_BUFFER_ELEMENTS:
-                    raise RecordingError(f"buffer {name} has {size} elements, more than {MAX_BUFFER_ELEMENTS}")
+                total_elements += size
+                if size > MAX_BUFFER_ELEMENTS or total_elements > MAX_TOTAL_ELEMENTS:
+                    raise RecordingError(f"the global buffers hold more than {MAX_TOTAL_ELEMENTS} elements "
+                                         f"({MAX_BUFFER_ELEMENTS} per buffer): too large to replay")
                 data = replace.get((gi, name))
                 if data is None:
                     data = self._array(b.get("data"))
@@ -660,6 +657,7 @@ class _Replayer:
             raise _fail("bad batch")
         env: dict[int, Any] = {}
         wheres: list = []
+        lanes = [1]  # per open where(): elements of its mask (an access costs at least that much)
         try:
             for ev in events:
                 if type(ev) is not list or not ev or type(ev[0]) is not str:
@@ -692,14 +690,18 @@ class _Replayer:
                     if len(ev) != 3:
                         raise _fail("a bad where()")
                     self._line(ev[2])
-                    cm = ctx.where(self.resolve(ev[1], env))
+                    cond = self.resolve(ev[1], env)
+                    self._charge(np.size(cond))
+                    cm = ctx.where(cond)
                     cm.__enter__()
                     wheres.append(cm)
+                    lanes.append(max(lanes[-1], int(np.size(cond))))
                     continue
                 if tag == "P":
                     if not wheres:
                         raise _fail("a where() closed that was never opened")
                     wheres.pop().__exit__(None, None, None)
+                    lanes.pop()
                     continue
                 if tag == "S":
                     if len(ev) != 5 or ev[3] not in ("<f4", "<i4"):
@@ -722,14 +724,17 @@ class _Replayer:
                         raise _fail(f"an access to an unknown {space} array")
                     self._line(line)
                     index = self.resolve(idx, env)
-                    self._charge(np.size(index))
+                    self._charge(max(int(np.size(index)), lanes[-1], ctx.nthreads) * w)
                     if tag == "LD":
                         if type(val) is not int:
                             raise _fail("a bad load result id")
                         env[val] = ctx.load(arr, index, w)
                     elif tag == "ST":
-                        ctx.store(arr, index, w, self.resolve(val, env))
+                        value = self.resolve(val, env)
+                        self._charge(int(np.size(value)))
+                        ctx.store(arr, index, w, value)
                     else:
+                        self._charge(int(np.size(self.resolve(val, env))))
                         if space != "global" or w != 1:
                             raise _fail("a bad atomic")
                         ctx.atomic_add(arr, index, self.resolve(val, env))
