@@ -228,15 +228,18 @@ def test_a_numpy_function_outside_the_allow_list_is_refused_in_one_line():
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda p: p["launches"][0]["batches"][0].append(["U", "system", "__call__", [], {}, None, 999]), "not a numpy ufunc"),
-    (lambda p: p["launches"][0]["batches"][0].append(["F", "load", ["L", []], {}, 999]), "not a numpy function"),
-    (lambda p: p["launches"][0]["batches"][0].append(["M", "tofile", ["t", 0], ["L", []], {}, 999]), "may not use"),
+    (lambda p: p["launches"][0]["batches"][0].append(["U", "system", "__call__", [], {}, None, 999, []]), "not a numpy ufunc"),
+    (lambda p: p["launches"][0]["batches"][0].append(["F", "load", ["L", []], {}, 999, []]), "not a numpy function"),
+    (lambda p: p["launches"][0]["batches"][0].append(["M", "tofile", ["t", 0], ["L", []], {}, 999, []]), "may not use"),
     (lambda p: p["launches"][0]["batches"][1].insert(0, ["ST", "global", "Y", 1, ["a", 0], ["t", 0], "k.py:1"]),
      "no earlier instruction of the same thread block"),
     (lambda p: p["launches"][0]["batches"].pop(), "batches do not match its grid"),
     (lambda p: p["gpus"][0]["buffers"][0].update(name="../../etc"), "not a short identifier"),
     (lambda p: p["launches"][0]["batches"][0].extend([["B", "k.py:1"]] * (trace.MAX_EVENTS + 1)), "more than"),
     (lambda p: p.update(format="pickle"), "not a gpusim program"),
+    (lambda p: p["launches"][0]["batches"][0].append(["F", "tile", ["L", [["t", 0], ["i", 10**9, ""]]], {}, 999,
+                                                      [32 * 10**9]]), "touches more than"),
+    (lambda p: next(e for e in p["launches"][0]["batches"][0] if e[0] == "U")[-1].append(7), "another shape"),
 ])
 def test_a_malformed_or_oversized_program_is_refused(edit, match):
     def kernel(t, X, Y):

@@ -56,8 +56,9 @@ HINT_ONCE = ("Q must be read once, and O and L written once, by the block that o
              "rows past Nq must not be touched")
 HINT_UNTRACED = ("o and lse are right for the inputs your code was called with, but not when the grader replays "
                  "your kernels' recorded program on its own inputs: O and L must be written by the kernel from "
-                 "values it loaded and computed with numpy (no host-side compute, no float()/.item() or index "
-                 "assignment into a plain numpy array of loaded values, no register kept from another thread block)")
+                 "values it loaded and computed with numpy (no host-side compute; no float(), .item(), np.asarray() or "
+                 "index assignment into a plain numpy array of loaded values; no register kept from another thread "
+                 "block; see docs/gpusim_guide.md, 'What the grader measures itself')")
 HINT_NO_STORE = ("your kernels never store to O (or L): o and lse are read from the O and L buffers after the "
                  "grader's own replay of your kernels, not from what run_flash_kernel returns or writes on the host")
 HINT_PROGRAM = ("run_flash_kernel must launch the kernel on a simulated GPU whose buffers Q, K, V hold q, k, v "

@@ -277,10 +277,10 @@ class Recorder:
         """Record an operation; returns the result as a Traced value (``inplace``: the out= target)."""
         self._count()
         if inplace is not None and isinstance(inplace, Traced) and inplace._tid is not None and inplace._scope is self._scope:
-            self.batch.append([tag, *body, inplace._tid])  # in place: the target keeps its id
+            self.batch.append([tag, *body, inplace._tid, list(inplace.shape)])  # in place: the target keeps its id
             return inplace
         t = self._new(inplace if inplace is not None else result)
-        self.batch.append([tag, *body, t._tid])
+        self.batch.append([tag, *body, t._tid, list(t.shape)])  # the shape: the judge bounds it before computing
         return t
 
     def inplace_setitem(self, target: Traced, key, value) -> None:
@@ -555,8 +555,6 @@ class _Replayer:
             self._charge_args(a)
             if name == "matmul" and len(a) == 2:
                 self._charge(_matmul_cost(a[0], a[1]))
-            if method == "outer":
-                self._charge(math.prod(np.shape(x)[0] if np.ndim(x) else 1 for x in a) * max(1, max(np.size(x) for x in a)))
             if out is not None:
                 tgt = self.resolve(out, env)
                 if not isinstance(tgt, np.ndarray):
@@ -664,9 +662,13 @@ class _Replayer:
                     raise _fail("a bad event")
                 tag = ev[0]
                 if tag in ("U", "F", "M"):
-                    tid, res = self._compute(ev, env)
-                    if type(tid) is not int:
-                        raise _fail("a bad result id")
+                    shape = ev[-1]
+                    if type(shape) is not list or len(shape) > 32 or any(type(x) is not int or x < 0 for x in shape):
+                        raise _fail("a bad result shape")
+                    self._charge(math.prod(shape))  # before computing: the result's size is bounded first
+                    tid, res = self._compute(ev[:-1], env)
+                    if type(tid) is not int or list(np.shape(res)) != shape:
+                        raise RecordingError("the replay of an operation gives another shape than the recording says")
                     env[tid] = res
                     continue
                 if tag == "I":
