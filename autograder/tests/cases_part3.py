@@ -235,20 +235,29 @@ def judge_inputs(case: KernelCase, program_digest: str) -> tuple[torch.Tensor, t
 
 
 def replay_on(case: KernelCase, program: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Judged:
-    """Replay `program` with Q, K, V holding (q, k, v); read o and lse from O and L afterwards."""
+    """Replay `program` with Q, K, V holding (q, k, v); read o and lse from O and L afterwards.
+    Whatever the worker sent, the result is a Judged: with the values, or with the refusal."""
+    try:
+        return _replay_on(case, program, q, k, v)
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError, RuntimeError):
+        return Judged(q, k, v, error="the recording is malformed")
+
+
+def _replay_on(case: KernelCase, program: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Judged:
     j = Judged(q, k, v)
     gpus = program.get("gpus") if type(program) is dict else None
     if type(gpus) is not list:
         j.error = "the recording holds no simulated GPU"
         return j
     graded = [i for i, g in enumerate(gpus) if type(g) is dict and type(g.get("buffers")) is list
-              and set(EXPECTED_BUFFERS) <= {b.get("name") for b in g["buffers"] if type(b) is dict}]
+              and set(EXPECTED_BUFFERS) <= {b.get("name") for b in g["buffers"] if type(b) is dict and type(b.get("name")) is str}]
     if not graded:
         j.error = "no simulated GPU with the global buffers Q, K, V, O and L was made"
         return j
     g = graded[-1]
     H, nq, nk, d = case.heads, case.nq, case.nk, case.d
-    bufs = {b["name"]: b for b in gpus[g]["buffers"] if type(b) is dict and b.get("name") in EXPECTED_BUFFERS}
+    bufs = {b["name"]: b for b in gpus[g]["buffers"] if type(b) is dict and type(b.get("name")) is str
+            and b["name"] in EXPECTED_BUFFERS}
     want = {"Q": H * nq * d, "K": H * nk * d, "V": H * nk * d, "O": H * nq * d, "L": H * nq}
     for name, n in want.items():
         shape = bufs[name].get("shape")

@@ -47,7 +47,7 @@ MAX_BUFFER_ELEMENTS = 1 << 23  # one global buffer
 MAX_TOTAL_ELEMENTS = 1 << 24  # all global buffers of the program together
 MAX_BLOCKS = 1 << 14  # thread blocks of one launch
 MAX_LAUNCHES = 64
-MAX_WORK = 2_000_000_000  # elements touched by the replayed arithmetic (matmul: out x inner)
+MAX_WORK = 500_000_000  # elements the replay touches (matmul: out x inner); N = 1024, d = 64 needs 1.7e8
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _LINE_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}:[0-9]{1,6}$")
 _DTYPES = {"<f4": np.float32, "<f8": np.float64, "<i4": np.int32, "<i8": np.int64, "|b1": np.bool_}
