@@ -773,7 +773,8 @@ _CAPTURES: list[list[dict]] = []
 def capture() -> Iterator[list[dict]]:
     """Collect the stats of every launch made inside the ``with`` (on any GPU object).
 
-    The grader uses it so that the counters it checks come from the simulator itself."""
+    The dicts are the launches' own live stats, so code running inside can change them: the
+    grader does not use them, it replays a recording (course.gpusim.trace) and counts itself."""
     rec: list[dict] = []
     _CAPTURES.append(rec)
     try:
