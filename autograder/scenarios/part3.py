@@ -16,6 +16,6 @@ from course import gpusim
 def flash_kernel(student, q, k, v, causal=False, block_rows=64, block_cols=64) -> dict[str, Any]:
     """run_flash_kernel(q, k, v, ...) recorded -> {"returns_triple": bool, "program": plain data}."""
     fn = student.function("flash_kernel.run_flash_kernel")
-    with gpusim.record() as rec:
+    with gpusim.record(counting=False) as rec:  # the judge counts in its replay: nothing to count here
         result = fn(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
     return {"returns_triple": isinstance(result, (tuple, list)) and len(result) == 3, "program": rec.program()}

@@ -198,9 +198,12 @@ def _active_recorder() -> "Recorder | None":
 
 
 class Recorder:
-    """Collects one program: the GPUs, their buffers and launches, and each batch's events."""
+    """Collects one program: the GPUs, their buffers and launches, and each batch's events.
+    ``counting=False``: the engine moves the values but counts nothing (the stats of the recorded
+    run are then zeros): the grader counts in its own replay, so the worker need not."""
 
-    def __init__(self) -> None:
+    def __init__(self, counting: bool = True) -> None:
+        self.counting = bool(counting)
         self.gpus: list[dict] = []
         self.launches: list[dict] = []
         self.arrays: list[np.ndarray] = []
@@ -352,9 +355,9 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def record() -> Iterator[Recorder]:
+def record(counting: bool = True) -> Iterator[Recorder]:
     """Record every GPU, buffer and launch made inside the ``with`` (see the module docstring)."""
-    rec = Recorder()
+    rec = Recorder(counting)
     _RECORDERS.append(rec)
     try:
         yield rec
