@@ -259,7 +259,7 @@ def test_a_malformed_or_oversized_program_is_refused(edit, match):
         i = _gid(t)
         Y[i] = X[i] * 2
 
-    program = _tiny(kernel)
+    program = trace.unpack(_tiny(kernel))
     edit(program)
     with pytest.raises(gs.RecordingError, match=match):
         gs.replay(program)
@@ -288,3 +288,6 @@ def test_the_digest_changes_with_any_constant():
 
     a, b = _tiny(kernel), _tiny(kernel, data=np.arange(64.0) + 1e-3)
     assert gs.digest(a) == gs.digest(copy.deepcopy(a)) != gs.digest(b)
+    c = trace.unpack(a)
+    c["launches"][0]["kernel"] = "other"
+    assert gs.digest(trace.pack(c)) != gs.digest(a)

@@ -53,6 +53,10 @@ _LINE_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}:[0-9]{1,6}$")
 _DTYPES = {"<f4": np.float32, "<f8": np.float64, "<i4": np.int32, "<i8": np.int64, "|b1": np.bool_}
 
 
+FORMAT = "gpusim-program-2"
+MAX_BODY_CHARS = 16 << 20  # the JSON text of the GPUs and launches (N = 1024, d = 64: about 1 M)
+
+
 class RecordingError(GpuSimError):
     """A kernel the recorder cannot record, or a program the judge refuses to replay."""
 
@@ -342,14 +346,16 @@ class Recorder:
         self.batch, self._scope = None, None
 
     def program(self) -> dict:
-        """The whole recording as plain data (torch tensors for the arrays)."""
+        """The whole recording as plain data: the GPUs and launches (events included) as ONE JSON
+        string (a single node on the wire, parsed in C on the other side), the arrays as tensors."""
+        import json
+
         import torch
 
         gpus = [{k: v for k, v in g.items() if k != "_obj"} for g in self.gpus]
         return {
-            "format": "gpusim-program-1",
-            "gpus": gpus,
-            "launches": self.launches,
+            "format": FORMAT,
+            "body": json.dumps({"gpus": gpus, "launches": self.launches}, separators=(",", ":")),
             "arrays": [torch.from_numpy(a.copy()) for a in self.arrays],
         }
 
@@ -374,23 +380,44 @@ def recording() -> Recorder | None:
 # Digest: a fingerprint of a program (the judge derives its own input seed from it)
 # ----------------------------------------------------------------------------------------------
 def digest(program: dict) -> str:
-    """sha256 over a canonical encoding of the program: its structure and numbers as JSON (sorted
-    keys), then every array's dtype, shape and bytes. Raises RecordingError if it is not a program."""
-    import json
-
-    if type(program) is not dict or type(program.get("arrays")) is not list:
+    """sha256 over the program as sent: its JSON body, then every array's dtype, shape and bytes.
+    Raises RecordingError if it is not a packed program."""
+    if type(program) is not dict or type(program.get("body")) is not str or type(program.get("arrays")) is not list:
         raise RecordingError("the recording is not a program")
-    h = hashlib.sha256()
-    try:
-        h.update(json.dumps({k: v for k, v in program.items() if k != "arrays"}, sort_keys=True).encode())
-    except (TypeError, ValueError):
-        raise RecordingError("the recording is not plain data") from None
+    h = hashlib.sha256(program["body"].encode("utf-8", "surrogatepass"))
     for a in program["arrays"]:
         if not (hasattr(a, "numpy") and hasattr(a, "dtype")):
             raise RecordingError("the recording holds an array that is not a tensor")
         h.update(f"T{a.dtype}{tuple(a.shape)}".encode())
         h.update(a.contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def pack(unpacked: dict) -> dict:
+    """The inverse of ``unpack`` (tests edit an unpacked program, then pack it again)."""
+    import json
+
+    body = {"gpus": unpacked["gpus"], "launches": unpacked["launches"]}
+    return {"format": FORMAT, "body": json.dumps(body, separators=(",", ":")), "arrays": unpacked["arrays"]}
+
+
+def unpack(program: dict) -> dict:
+    """The packed program (as Recorder.program returns it) -> {"format", "gpus", "launches",
+    "arrays"}: plain lists and dicts. Raises RecordingError for anything else."""
+    import json
+
+    if type(program) is not dict or program.get("format") != FORMAT:
+        raise _fail("not a gpusim program")
+    body = program.get("body")
+    if type(body) is not str or len(body) > MAX_BODY_CHARS:
+        raise RecordingError(f"the recording is not a program or its text exceeds {MAX_BODY_CHARS >> 20} M characters")
+    try:
+        tree = json.loads(body)
+    except (ValueError, RecursionError):
+        raise _fail("its text is not JSON") from None
+    if type(tree) is not dict:
+        raise _fail("its text is not an object")
+    return {"format": FORMAT, "gpus": tree.get("gpus"), "launches": tree.get("launches"), "arrays": program.get("arrays")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -424,8 +451,10 @@ def _name(x) -> str:
 
 class _Replayer:
     def __init__(self, program: dict, replace: dict[tuple[int, str], np.ndarray]):
-        if type(program) is not dict or program.get("format") != "gpusim-program-1":
+        if type(program) is not dict or program.get("format") != FORMAT:
             raise _fail("not a gpusim program")
+        if "body" in program:
+            program = unpack(program)
         arrays = program.get("arrays")
         if type(arrays) is not list:
             raise _fail("no array list")
@@ -770,7 +799,7 @@ def _matmul_cost(a, b) -> int:
 
 
 def replay(program: dict, replace: dict[tuple[int, str], np.ndarray] | None = None) -> Replayed:
-    """Replay a recorded program on fresh simulated GPUs; ``replace`` gives the initial contents of
+    """Replay a recorded program (packed, or unpacked by ``unpack``) on fresh simulated GPUs; ``replace`` gives the initial contents of
     chosen buffers ((gpu index, buffer name) -> flat array), e.g. the judge's own inputs.
 
     Every counter comes from this replay's own engine; the buffers' final contents are returned.
