@@ -126,15 +126,16 @@ class Traced(np.ndarray):
     def __array_function__(self, func, types, args, kwargs):
         rec = _active_recorder()
         name = getattr(func, "__name__", "")
-        if rec is not None:
-            if _FUNCTIONS.get(name) is not func:
-                raise RecordingError(
-                    f"{_eng._caller()[0]}: np.{name[:40]} is not supported in a graded kernel (the grader replays "
-                    f"the kernel's arithmetic and knows {len(_FUNCTIONS)} numpy functions, the ufuncs and indexing)")
+        known = rec is not None and _FUNCTIONS.get(name) is func
+        if known:
             body = [name, rec.ref(list(args)), {k: rec.ref(v) for k, v in kwargs.items()}]
         result = func(*_plain_tree(args), **_plain_tree(kwargs))
         if rec is None or not isinstance(result, (np.ndarray, np.generic)):
-            return result  # not recording, or e.g. a tuple: untraced
+            return result  # not recording, or not an array (np.shape, np.ndim, ...): nothing to trace
+        if not known:
+            raise RecordingError(
+                f"{_eng._caller()[0]}: np.{name[:40]} is not supported in a graded kernel (the grader replays "
+                f"the kernel's arithmetic and knows {len(_FUNCTIONS)} numpy functions, the ufuncs and indexing)")
         return rec.op("F", body, result)
 
     def _method(self, name: str, *args, **kwargs):
