@@ -203,6 +203,21 @@ def test_traced_arithmetic_follows_the_judges_inputs():
     assert np.array_equal(r.buffers[0]["Y"], np.where(xf > 3, np.exp(xf) - 1, xf * 2))
 
 
+def test_writes_into_a_register_array_made_from_a_loaded_value_are_recorded():
+    def kernel(t, X, Y):
+        i = _gid(t)
+        x = X[i]
+        y = np.zeros_like(x)
+        for lane in range(0, 32, 2):
+            y[lane] = x[lane] * 3  # index assignment into a recorded array
+        Y[i] = y
+
+    x = np.linspace(-2, 5, 64)
+    r = gs.replay(_tiny(kernel), {(0, "X"): x})
+    xf = x.astype(np.float32)
+    assert np.array_equal(r.buffers[0]["Y"], np.where(np.arange(64) % 2 == 0, xf * 3, 0))
+
+
 def test_a_branch_on_data_that_goes_another_way_is_refused():
     def kernel(t, X, Y):
         i = _gid(t)
