@@ -224,8 +224,10 @@ class Judged:
     values: CheckFailure | None | bool = False  # False: not checked yet; None: right; else the failure
 
 
-_CACHE: dict[tuple[str, str], tuple[dict, Judged]] = {}  # (program digest, case id) -> judged (a
-# DRAM test with and without cache records the same program: replay it once)
+# (program digest, case id) -> (program, judged): the DRAM tests with and without cache record the
+# same program for the same case, so the judge replays it once.
+_CACHE: dict[tuple[str, str], tuple[dict, Judged]] = {}
+_CACHE_SIZE = 16
 
 
 def judge_inputs(case: KernelCase, program_digest: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -309,7 +311,7 @@ def run(student, case: KernelCase) -> tuple[dict, Judged]:
     try:
         key = (gpusim.digest(program), case.id)
         program = gpusim.trace.unpack(program)  # parsed once; every replay of this test uses it
-    except gpusim.GpuSimError:
+    except (gpusim.GpuSimError, TypeError, ValueError, RuntimeError):  # e.g. a tensor numpy cannot read
         key = None
     if key is not None and key in _CACHE:
         return _CACHE[key]
@@ -321,7 +323,8 @@ def run(student, case: KernelCase) -> tuple[dict, Judged]:
           detail=f"refused: {j.error}", hint=HINT_PROGRAM, inputs=shown)
     res = (program, j)
     if key is not None:
-        _CACHE.clear()  # keep one entry: consecutive tests share a case
+        while len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))  # the oldest entry
         _CACHE[key] = res
     return res
 
