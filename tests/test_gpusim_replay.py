@@ -267,6 +267,11 @@ def test_a_numpy_function_outside_the_allow_list_is_refused_in_one_line():
     (lambda p: p["gpus"][0]["buffers"][0].update(name="../../etc"), "not a short identifier"),
     (lambda p: p["launches"][0]["batches"][0].extend([["B", "k.py:1"]] * (trace.MAX_EVENTS + 1)), "more than"),
     (lambda p: p.update(format="pickle"), "not a gpusim program"),
+    (lambda p: p["launches"][0].update(grid=[16384], block=[128], blocks_at_once=True, batches=[[]]), "threads at once"),
+    (lambda p: p["launches"][0]["batches"][0].insert(0, ["S", "big", 58000, "<f4", "k.py:1"]) or
+     p["launches"][0].update(grid=[64, 64], block=[4], blocks_at_once=True, batches=[p["launches"][0]["batches"][0]]),
+     "shared memory"),
+
     (lambda p: p["launches"][0]["batches"][0].append(["F", "tile", ["L", [["t", 0], ["i", 10**9, ""]]], {}, 999,
                                                       [32 * 10**9]]), "touches more than"),
     (lambda p: next(e for e in p["launches"][0]["batches"][0] if e[0] == "U")[-1].append(7), "another shape"),
@@ -280,6 +285,18 @@ def test_a_malformed_or_oversized_program_is_refused(edit, match):
     edit(program)
     with pytest.raises(gs.RecordingError, match=match):
         gs.replay(program)
+
+
+def test_the_work_bound_counts_a_broadcast_index_at_its_full_size(monkeypatch):
+    def kernel(t, X, Y):
+        Y[_gid(t)] = X[_gid(t)]
+
+    p = trace.unpack(_tiny(kernel))
+    p["arrays"].append(torch.zeros(10**5, 1, dtype=torch.int32))  # 10^5 unrolled loads of X[0], every lane
+    p["launches"][0]["batches"][0].insert(0, ["LD", "global", "X", 1, ["a", len(p["arrays"]) - 1], 999, "k.py:1"])
+    monkeypatch.setattr(trace, "MAX_WORK", 10**6)  # 10^5 x 32 lanes is above it, 10^5 elements is not
+    with pytest.raises(gs.RecordingError, match="touches more than"):
+        gs.replay(p)
 
 
 def test_the_work_bound_stops_a_huge_matmul():

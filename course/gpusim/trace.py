@@ -47,6 +47,8 @@ MAX_BUFFER_ELEMENTS = 1 << 23  # one global buffer
 MAX_TOTAL_ELEMENTS = 1 << 24  # all global buffers of the program together
 MAX_BLOCKS = 1 << 14  # thread blocks of one launch
 MAX_LAUNCHES = 64
+MAX_LANES = 1 << 20  # threads of one batch (blocks_at_once: every block of the launch)
+MAX_SHARED_WORDS = 1 << 21  # shared memory of one batch, all its blocks together
 MAX_WORK = 500_000_000  # elements the replay touches (matmul: out x inner); N = 1024, d = 64 needs 1.7e8
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _LINE_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}:[0-9]{1,6}$")
@@ -655,6 +657,9 @@ class _Replayer:
             batches = ln.get("batches")
             if type(at_once) is not bool or type(batches) is not list or len(batches) != (1 if at_once else nblocks):
                 raise _fail("a launch whose recorded thread-block batches do not match its grid")
+            self.batch_blocks = nblocks if at_once else 1
+            if self.batch_blocks * block.x * block.y * block.z > MAX_LANES:
+                raise RecordingError(f"a launch runs more than {MAX_LANES} threads at once: too large to replay")
             args = []
             for a in ln.get("args") if type(ln.get("args")) is list else []:
                 if type(a) is list and len(a) == 2 and a[0] == "buf":
@@ -687,8 +692,9 @@ class _Replayer:
         if type(events) is not list:
             raise _fail("bad batch")
         env: dict[int, Any] = {}
+        shared_words = 0
         wheres: list = []
-        lanes = [1]  # per open where(): elements of its mask (an access costs at least that much)
+        unrolled = [1]  # per open where(): the unrolled instructions of its mask (leading axes)
         try:
             for ev in events:
                 if type(ev) is not list or not ev or type(ev[0]) is not str:
@@ -730,19 +736,23 @@ class _Replayer:
                     cm = ctx.where(cond)
                     cm.__enter__()
                     wheres.append(cm)
-                    lanes.append(max(lanes[-1], int(np.size(cond))))
+                    unrolled.append(max(unrolled[-1], _unrolled(cond)))
                     continue
                 if tag == "P":
                     if not wheres:
                         raise _fail("a where() closed that was never opened")
                     wheres.pop().__exit__(None, None, None)
-                    lanes.pop()
+                    unrolled.pop()
                     continue
                 if tag == "S":
                     if len(ev) != 5 or ev[3] not in ("<f4", "<i4"):
                         raise _fail("a bad shared declaration")
                     self._line(ev[4])
-                    ctx.shared(_name(ev[1]), _int(ev[2], 1, _eng.MAX_SHARED_BYTES), _DTYPES[ev[3]])
+                    shared_words += _int(ev[2], 1, _eng.MAX_SHARED_BYTES) * self.batch_blocks
+                    if shared_words > MAX_SHARED_WORDS:
+                        raise RecordingError(f"a batch of blocks declares more than {MAX_SHARED_WORDS} words of shared "
+                                             f"memory: too large to replay")
+                    ctx.shared(_name(ev[1]), ev[2], _DTYPES[ev[3]])
                     continue
                 if tag == "B":
                     if len(ev) != 2:
@@ -759,7 +769,8 @@ class _Replayer:
                         raise _fail(f"an access to an unknown {space} array")
                     self._line(line)
                     index = self.resolve(idx, env)
-                    self._charge(max(int(np.size(index)), lanes[-1], ctx.nthreads) * w)
+                    # the engine broadcasts index and mask to (unrolled..., lanes): that is the work
+                    self._charge(max(_unrolled(index), unrolled[-1]) * ctx._L * w)
                     if tag == "LD":
                         if type(val) is not int:
                             raise _fail("a bad load result id")
@@ -789,6 +800,12 @@ class _Replayer:
         if type(line) is not str or not _LINE_KEY.match(line):
             line = "kernel:0"
         _eng._LINE = (line, int(line.rsplit(":", 1)[1]), "")
+
+
+def _unrolled(x) -> int:
+    """Unrolled instructions of a per-thread index or mask: the product of its leading axes."""
+    shape = np.shape(x)
+    return math.prod(shape[:-1]) if len(shape) > 1 else 1
 
 
 def _matmul_cost(a, b) -> int:
