@@ -732,7 +732,7 @@ class _Replayer:
                         raise _fail("a bad where()")
                     self._line(ev[2])
                     cond = self.resolve(ev[1], env)
-                    self._charge(np.size(cond))
+                    self._charge(max(_unrolled(cond), unrolled[-1]) * ctx._L)  # the mask is (unrolled..., lanes)
                     cm = ctx.where(cond)
                     cm.__enter__()
                     wheres.append(cm)
