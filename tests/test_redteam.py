@@ -84,6 +84,10 @@ def red(tmp_path_factory):
     base = tmp_path_factory.mktemp("redteam")
     subs = base / "submissions"
     corpus = redteam.assemble(subs)
+    for name, spec in list(corpus.items()):  # part-3 attacks need the real part-3 tests: tests/test_redteam_kernel.py
+        if spec["kind"] == "attack" and spec.get("part") != 1:
+            shutil.rmtree(subs / name)
+            corpus.pop(name)
     box = detect()
     have = {"bubblewrap": box.bwrap is not None, "process_limit": "seccomp" in box.process_limit or box.uid is not None}
     skipped = {}
@@ -134,7 +138,7 @@ def test_the_batch_completes_with_every_submission(red):
 
 def _attacks(red) -> dict[str, dict]:
     out = {n: s for n, s in red["corpus"].items() if s["kind"] == "attack"}
-    assert len(out) + len(red["skipped"]) == len(redteam.attacks()) >= 16
+    assert len(out) + len(red["skipped"]) == sum(s.get("part") == 1 for s in redteam.attacks().values()) >= 16
     return out
 
 

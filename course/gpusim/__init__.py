@@ -26,6 +26,7 @@ from .engine import (
     merge_stats,
     unroll,
 )
+from .trace import RecordingError, Replayed, Traced, digest, record, replay
 from .errors import (
     DivergentBarrierError,
     GpuSimError,
@@ -38,6 +39,7 @@ from .errors import (
 )
 
 __all__ = [
+    "record", "replay", "digest", "Traced", "Replayed", "RecordingError",
     "GPU", "Buffer", "SharedArray", "ThreadContext", "Dim3", "run", "capture", "merge_stats", "unroll",
     "WARP_SIZE", "NUM_BANKS", "SECTOR_BYTES", "SHARED_RULES",
     "GpuSimError", "LaunchError", "KernelShapeError", "OutOfBoundsError", "MisalignedAccessError",

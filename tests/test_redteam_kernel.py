@@ -1,0 +1,43 @@
+"""Red-team attacks on part 3 (instructor/redteam/part3_*), graded with the REAL part-3 tests.
+
+tests/test_redteam.py grades the whole corpus in one sandboxed batch with small part-1 tests; the
+part-3 attacks aim at the simulator's measurements (forged stats, host-side compute, an edited
+recording, answers smuggled in as constants), which only the part-3 tests exercise. Each attack is
+laid over the current starter (instructor.redteam.assemble) and graded on part 3, public and hidden
+tests, fail-fast: it must score no more than the starter (0) and its feedback must give the reason
+its ATTACK.toml names."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autograder.engine import grade
+from instructor import redteam
+
+ATTACKS = {n: s for n, s in redteam.attacks().items() if s.get("part") == 3}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    base = tmp_path_factory.mktemp("redteam-kernel")
+    redteam.assemble(base, honest=True)
+    starter = grade(base / "honest_starter", parts=[3], test_sets=("public", "hidden"), fail_fast=True)
+    return base, starter["parts"][0]["points"]
+
+
+def test_the_part3_attacks_exist():
+    assert {"part3_forge_stats", "part3_host_compute", "part3_edit_recording", "part3_smuggle_constants"} <= set(ATTACKS)
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_scores_no_more_than_the_starter_with_a_reason(name, corpus):
+    base, starter_points = corpus
+    spec = ATTACKS[name]
+    report = grade(base / name, parts=[3], test_sets=("public", "hidden"), fail_fast=True)
+    part = report["parts"][0]
+    assert starter_points == 0
+    assert part["points"] <= starter_points, f"{name} got {part['points']} on part 3"
+    text = json.dumps(part.get("first_failure")).lower() + " ".join(
+        str(t.get("message", "")) for t in report.get("tests", [])).lower()
+    assert any(e.lower() in text for e in spec["expect"]), f"{name}: none of {spec['expect']} in {text[:600]}"
