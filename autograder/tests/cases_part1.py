@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close, unpack
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -210,7 +211,7 @@ def softmax_rtol(n: int, dtype: torch.dtype) -> float:
     4(n+2)·eps = 8(n+2)·u. (The 2×-plain rule assumes the plain code's summation order: torch's
     blocked sum is ~log n·u accurate, a correct sequential online sum only ~sqrt(n)·u; at
     n ≈ 1000 and p ≈ 1 correct online code measured 2.2e-6 against an allowed 1.05e-6.)"""
-    return 4 * (n + 2) * eps(dtype)
+    return tol.softmax_rtol(n, dtype)
 
 
 def check_softmax(student, fn: str, case: RowsCase) -> None:
@@ -229,7 +230,7 @@ def check_summary(student, case: RowsCase) -> None:
                 rtol=0.0, hint=HINTS["summary_m"], dtype=x.dtype)
     n = x.shape[-1]
     check_close(l, l_ref, what="ℓ of online_summary(x) against float64 Σ_j exp(x_j - m)", inputs={"x": x},
-                atol=0.0, rtol=4 * (n + 2) * eps(x.dtype), hint=HINTS["summary_l"], dtype=x.dtype)
+                atol=0.0, rtol=tol.summary_rtol(n, x.dtype), hint=HINTS["summary_l"], dtype=x.dtype)
 
 
 def check_merge_summary(student, case: MergeCase) -> None:
@@ -243,7 +244,7 @@ def check_merge_summary(student, case: MergeCase) -> None:
     check_close(m, m_ref, what="m of merge_summary(a, b) = max(m_a, m_b)", inputs=shown, atol=0.0, rtol=0.0,
                 hint=hint, dtype=dt)
     check_close(l, l_ref, what="ℓ of merge_summary(a, b) against float64 ⊕", inputs=shown, atol=0.0,
-                rtol=64 * eps(dt), hint=hint, dtype=dt)
+                rtol=tol.merge_rtol(dt), hint=hint, dtype=dt)
 
 
 def check_merge_partial(student, case: MergeCase) -> None:
@@ -257,11 +258,11 @@ def check_merge_partial(student, case: MergeCase) -> None:
     check_close(m, m_ref, what="m of merge_partial(a, b) = max(m_a, m_b)", inputs=shown, atol=0.0, rtol=0.0,
                 hint=hint, dtype=dt)
     check_close(l, l_ref, what="ℓ of merge_partial(a, b) against float64 ⊕", inputs=shown, atol=0.0,
-                rtol=64 * eps(dt), hint=hint, dtype=dt)
+                rtol=tol.merge_rtol(dt), hint=hint, dtype=dt)
     base = _safe_max(m_ref)
     scale = (a[2].double().abs() * torch.exp(a[0].double() - base).unsqueeze(-1)
              + b[2].double().abs() * torch.exp(b[0].double() - base).unsqueeze(-1))
-    bound = 64 * eps(dt) * float(scale.max()) if scale.numel() else 0.0
+    bound = tol.merge_rtol(dt) * float(scale.max()) if scale.numel() else 0.0
     check_close(o, o_ref, what="o of merge_partial(a, b) against float64 ⊕ (o unnormalised)", inputs=shown,
                 atol=bound, rtol=0.0, hint=hint, dtype=dt)
 
@@ -289,7 +290,7 @@ def check_identity(student, dtype: str, lead: tuple[int, ...] = (5,), seed: int 
                      hint=HINTS["identity"])
         for name, g_t, w_t in zip("mℓ", got, want):
             check_close(g_t, w_t.double(), what=f"{name} of merge_summary: {what}", inputs=shown, atol=0.0,
-                        rtol=4 * eps(dt), hint=HINTS["identity"], dtype=dt)
+                        rtol=tol.IDENTITY_EPS * eps(dt), hint=HINTS["identity"], dtype=dt)
     for what, left, right, want in (
         ("(m, ℓ, o) ⊕ (-inf, 0, 0) = (m, ℓ, o)", (m, l, o), ident_o, (m, l, o)),
         ("(-inf, 0, 0) ⊕ (-inf, 0, 0) = (-inf, 0, 0), no NaN", ident_o, ident_o, ident_o),
@@ -298,7 +299,7 @@ def check_identity(student, dtype: str, lead: tuple[int, ...] = (5,), seed: int 
                      hint=HINTS["identity"])
         for name, g_t, w_t in zip(("m", "ℓ", "o"), got, want):
             check_close(g_t, w_t.double(), what=f"{name} of merge_partial: {what}", inputs=shown, atol=0.0,
-                        rtol=4 * eps(dt), hint=HINTS["identity"], dtype=dt)
+                        rtol=tol.IDENTITY_EPS * eps(dt), hint=HINTS["identity"], dtype=dt)
 
 
 def summaries_strategy(size: int):
@@ -327,11 +328,11 @@ def check_algebra(student, a, b, c) -> None:
     abc_left, abc_right = call(ab, c), call(a, call(b, c))
     ref_ab = merge_ref(a, b)
     ref_abc = merge_ref(ref_ab, c)
-    tol = 64 * eps(torch.float64)  # a few roundings of exp/product/sum, see the module docstring
+    rtol = tol.merge_rtol(torch.float64)  # a few roundings of exp/product/sum (tolerances rule 5)
     for what, got, want in (("a ⊕ b", ab, ref_ab), ("b ⊕ a = a ⊕ b", ba, ref_ab),
                             ("(a ⊕ b) ⊕ c", abc_left, ref_abc), ("a ⊕ (b ⊕ c) = (a ⊕ b) ⊕ c", abc_right, ref_abc)):
         for name, g_t, w_t in zip("mℓ", got, want):
-            check_close(g_t, w_t, what=f"{name} of {what}", inputs=shown, atol=0.0, rtol=2 * tol if "c" in what else tol,
+            check_close(g_t, w_t, what=f"{name} of {what}", inputs=shown, atol=0.0, rtol=2 * rtol if "c" in what else rtol,
                         hint=HINTS["algebra"], dtype=torch.float64)
 
 

@@ -29,6 +29,9 @@ import torch
 from autograder.engine.checks import CheckFailure, check, check_close
 from course.reference import attention_plain, attention_reference, causal_mask
 
+from . import diagnose as dg
+from . import probes as pb
+
 EXPECTED_BUFFERS = ("Q", "K", "V", "O", "L")
 
 HINT_ON_CHIP = ("global memory may hold only Q, K, V, O and L: S and P must stay on chip, in registers or "
@@ -193,12 +196,29 @@ def check_outputs(student, case: KernelCase) -> None:
                     inputs=inputs, plain=plain_lse, factor=2.0, hint=hint)
     except CheckFailure as failure:
         # Wrong values whose counters also show a known bug (e.g. the diagonal block skipped:
-        # fewer K/V bytes than the allowed block pairs need): name that bug instead.
-        found = diagnose(out["stats"], case)
-        if failure.kind not in ("type", "dtype", "shape") and found != HINT_VALUES:
-            failure.hint = found
+        # fewer K/V bytes than the allowed block pairs need): name that bug; else the probes of
+        # part 2's ladder, run through the kernel, say where the values first go wrong.
+        if failure.kind not in ("type", "dtype", "shape"):
+            found = diagnose(out["stats"], case)
+            try:
+                probe = kernel_probe_hint(student)
+            except Exception as exc:  # noqa: BLE001 -- a diagnosis must never hide the failure itself
+                probe = f"(diagnosis unavailable: {type(exc).__name__})"
+            failure.hint = dg._compose(probe, found if found != HINT_VALUES else None)
             failure.args = (failure.message(),)
         raise
+
+
+def kernel_probe_hint(student) -> str:
+    """The forward ladder through the student's kernel (run(), the part-3 check path), with the recognisers of
+    known forward bugs on the failed probe's inputs beneath it."""
+    def run_case(*, nq, nk, d, causal, block_rows, block_cols, lead, q_mult):
+        case = KernelCase(lead=tuple(lead), nq=nq, nk=nk, d=d, causal=causal, block_rows=block_rows,
+                          block_cols=block_cols, seed=21, q_mult=q_mult)
+        out, qkv = run(student, case)
+        return {"o": out["o"], "lse": out["lse"], "qkv": qkv}
+    finding = pb.kernel_ladder(run_case)
+    return dg._compose(finding.message(), dg.forward_probe_hint(finding))
 
 
 def check_only_qkvol(student, case: KernelCase) -> None:
