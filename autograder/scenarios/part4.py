@@ -90,6 +90,20 @@ def function_grads(student, q, k, v, do, causal=False) -> dict[str, Any]:
     return {"o": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
+def function_apply_grads(student, q, k, v, do, causal=False, block_q=64, block_k=64, scale=None) -> dict[str, Any]:
+    """o = FlashAttentionFunction.apply(q, k, v, causal, block_q, block_k, scale); o.backward(do):
+    {"o", "dq", "dk", "dv"} or {"problem"}. Every argument reaches the Function, the scale included."""
+    q, k, v = _leaves(q, k, v)
+    fn = student.function("flash_backward.FlashAttentionFunction")
+    with _correct_forward(student):
+        o = fn.apply(q, k, v, causal, block_q, block_k, scale)
+    problem = _not_in_graph(o, "FlashAttentionFunction.apply")
+    if problem:
+        return {"problem": problem}
+    o.backward(do)
+    return {"o": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
 def function_saved(student, q, k, v, do, causal=False, block_q=64, block_k=64) -> dict[str, Any]:
     """FlashAttentionFunction.apply(q, k, v, causal, block_q, block_k, None), then .backward(do).
 

@@ -41,6 +41,9 @@ HINT_SAVES_P = ("the autograd.Function keeps an Nq × Nk tensor (P or S) for bac
                 "lse with ctx.save_for_backward and recompute P in backward (§7.2)")
 HINT_SAVES_O_LSE = ("FlashAttentionFunction.forward must save O and lse (the row logsumexp, shape (..., Nq)) with "
                     "ctx.save_for_backward, next to q, k, v (§7.2)")
+HINT_FUNCTION_ARGS = ("FlashAttentionFunction must pass causal, block_q, block_k AND scale from forward to backward "
+                      "(keep them on ctx) and on to flash_backward; the gradients here are those of another scale "
+                      "or mask")
 HINT_FUNCTION = ("FlashAttentionFunction.backward must call flash_backward with the saved q, k, v, O, lse and "
                  "return (dq, dk, dv, None, None, None, None)")
 
@@ -62,7 +65,9 @@ def reference_grads(q, k, v, do, case: AttnCase) -> tuple[list[torch.Tensor], li
 
 
 def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str, hidden: bool,
-                 student: Any = None) -> None:
+                 student: Any = None, hint: str | None = None) -> None:
+    """dq, dk, dv against float64 autograd (3× rule). The hint: the backward probes and recognisers, and `hint`
+    first when the gradients come through the Function (whose flash_backward the probes check on its own)."""
     dq, dk, dv = unpack(grads, 3, what=f"{fn} returns (dq, dk, dv)")
     expected, plain = reference_grads(q, k, v, do, case)
     inputs = case.shown(q, k, v, do=do)
@@ -72,8 +77,8 @@ def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str
         close_or_diagnose(
             actual, exp, what=f"{name} of {fn} against torch autograd of float64 attention", inputs=inputs,
             plain=pl, factor=tol.GRADIENT_FACTOR,
-            diagnose=lambda bound, a=actual, n=name: dg.diagnose_backward(a, n, q, k, v, o64, lse64, do, tol=bound,
-                                                                          **diag))
+            diagnose=lambda bound, a=actual, n=name: dg._compose(
+                hint, dg.diagnose_backward(a, n, q, k, v, o64, lse64, do, tol=bound, **diag)))
 
 
 def check_backward_values(student, case: AttnCase, *, hidden: bool = False) -> None:
@@ -164,6 +169,25 @@ def check_function_grads(student, case: AttnCase, *, hidden: bool = False) -> No
                       inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION)
     _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
                  fn="flash_attention(...).backward(dO)", hidden=hidden, student=student)
+
+
+def check_function_apply(student, case: AttnCase, *, hidden: bool = False) -> None:
+    """FlashAttentionFunction.apply(q, k, v, causal, block_q, block_k, scale) forward and backward against float64
+    autograd: every argument, the scale included, must reach the forward and the backward."""
+    q, k, v = case.qkv()
+    do = _do(case)
+    out = student.scenario("part4.function_apply_grads", q=q, k=k, v=v, do=do, causal=case.causal,
+                           block_q=case.block_q, block_k=case.block_k, scale=case.scale)
+    inputs = case.shown(q, k, v, do=do)
+    check("problem" not in out, what="FlashAttentionFunction.apply returns a differentiable o",
+          detail=str(out.get("problem")), hint=HINT_FUNCTION, inputs=inputs)
+    o64, lse64 = attention_reference(q, k, v, case.causal, case.scale)
+    plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)
+    close_or_diagnose(out["o"], o64, what="o of FlashAttentionFunction.apply (with its scale argument)",
+                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION)
+    _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
+                 fn="FlashAttentionFunction.apply(..., scale).backward(dO)", hidden=hidden, student=student,
+                 hint=HINT_FUNCTION_ARGS)
 
 
 def check_function_saves(student, case: AttnCase) -> None:

@@ -218,21 +218,27 @@ def check_cached_logits(student, case: CacheCase) -> None:
 
 
 @lru_cache(maxsize=None)
-def expected_generations(seed: int, n: int, max_new_tokens: int) -> tuple[tuple[int, ...], ...]:
-    """Greedy continuations of the uncached course model, one prompt at a time (batch 1, as the
-    scenario runs the student's)."""
+def expected_generations(seed: int, n: int, max_new_tokens: int,
+                         dtype: str = "float32") -> tuple[tuple[int, ...], ...]:
+    """Greedy continuations of the uncached course model in `dtype`, one prompt at a time (batch 1, as
+    the scenario runs the student's)."""
     prompts = likesworld.make_prompts(n, seed)
     with one_thread():
-        return tuple(tuple(greedy_generate(model("float32"), torch.tensor([p]), max_new_tokens)[0].tolist())
+        return tuple(tuple(greedy_generate(model(dtype), torch.tensor([p]), max_new_tokens)[0].tolist())
                      for p in prompts)
 
 
-def check_generate(student, seed: int, n: int = 60, max_new_tokens: int = 8, use_cache: bool = True) -> None:
-    """The student's greedy generate() gives the same tokens as the uncached course model on n prompts."""
+def check_generate(student, seed: int, n: int = 60, max_new_tokens: int = 8, use_cache: bool = True,
+                   dtype: str = "float32") -> None:
+    """The student's greedy generate() gives the same tokens as the uncached course model on n prompts
+    (the model in `dtype`: a float64 model needs a float64 cache)."""
     prompts = likesworld.make_prompts(n, seed)
-    got = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, use_cache=use_cache)
-    want = expected_generations(seed, n, max_new_tokens)
-    what = f"generate(use_cache={use_cache}) on {n} LikesWorld prompts, {max_new_tokens} new tokens each"
+    extra = {} if dtype == "float32" else {"dtype": dtype}
+    got = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, use_cache=use_cache,
+                           **extra)
+    want = expected_generations(seed, n, max_new_tokens, dtype)
+    what = (f"generate(use_cache={use_cache}) on {n} LikesWorld prompts, {max_new_tokens} new tokens each"
+            + (f", {dtype} model" if dtype != "float32" else ""))
     check(isinstance(got, list) and len(got) == n, what=what,
           detail=f"expected a (B, T0 + {max_new_tokens}) long tensor per prompt", hint=HINT_GENERATE)
     bad = [i for i, (g, w) in enumerate(zip(got, want)) if list(g) != list(w)]

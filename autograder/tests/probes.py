@@ -411,3 +411,147 @@ def decode_ladder(student) -> Finding:
         o, lse = _pair(out["result"])
         return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), (q, k, v)
     return climb(DECODE_RUNGS, one)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 1: softmax, online_summary and ⊕ ladders (expected: torch.softmax / logsumexp in float64)
+
+def _rows(kind: str, shape=(3, 6), seed=3) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 2
+    if kind == "increasing":
+        x = x.sort(-1).values
+    elif kind == "decreasing":
+        x = x.sort(-1, descending=True).values
+    elif kind == "shifted":
+        x = x + 1000.0
+    elif kind == "neginf":
+        x[..., 1::2] = -math.inf
+    elif kind == "allneginf":
+        x[1] = -math.inf
+    return x
+
+
+SOFTMAX_RUNGS = [
+    Rung("one row of 6 values", dict(kind="plain", shape=(1, 6)),
+         "the softmax of one row: exp(x_j - m) / Σ_k exp(x_k - m)"),
+    Rung("several rows (3 × 6)", dict(kind="plain", shape=(3, 6)),
+         "each row on its own: the max and the sum run over the LAST dim only (dim=-1, keepdim=True)"),
+    Rung("leading dims (2 × 3 × 6)", dict(kind="plain", shape=(2, 3, 6)),
+         "any number of leading dims: reduce over dim=-1, not over a fixed dim"),
+    Rung("-inf entries", dict(kind="neginf", shape=(3, 6)),
+         "-inf scores get probability 0 and do not break the row's max or sum"),
+    Rung("rows shifted by +1000", dict(kind="shifted", shape=(3, 6), naive=False),
+         "large scores: subtract the row max before exp so no exponent is > 0 (§4.2); exp(1000) overflows"),
+    Rung("an all -inf row", dict(kind="allneginf", shape=(3, 6), naive=False),
+         "an all -inf row has no max to subtract: guard exp(-inf - (-inf)) and ℓ = 0, and give zeros (§4.2)"),
+]
+
+
+def softmax_ladder(student, fn: str) -> Finding:
+    rungs = [r for r in SOFTMAX_RUNGS if fn != "naive_softmax" or r.spec.get("naive", True)]
+
+    def one(r: Rung):
+        x = _rows(r.spec["kind"], r.spec["shape"])
+        out = student.call(f"online_softmax.{fn}", x)
+        lse = torch.logsumexp(x, -1, keepdim=True)
+        ref = torch.exp(x - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse))
+        ok = _close_rel(out, ref, tol.softmax_rtol(x.shape[-1], x.dtype), x.dtype)
+        return ([] if ok else ["p"]), out, x
+    return climb(rungs, one)
+
+
+def _close_rel(actual, expected, rtol, dtype, atol=None) -> bool:
+    try:
+        check_close(actual, expected, what="probe", atol=tol.atol_for(dtype) if atol is None else atol, rtol=rtol,
+                    dtype=dtype)
+        return True
+    except CheckFailure:
+        return False
+
+
+SUMMARY_RUNGS = [
+    Rung("one column", dict(kind="plain", shape=(3, 1)),
+         "the summary of one value: m = x_0, ℓ = exp(x_0 - m) = 1"),
+    Rung("increasing rows (the max grows at every column)", dict(kind="increasing"),
+         "when the running max grows, rescale ℓ by exp(m_old - m_new) before adding exp(x_j - m_new) (§4.3)"),
+    Rung("decreasing rows (the max never grows)", dict(kind="decreasing"),
+         "when the max does not grow, ℓ += exp(x_j - m) with the current max"),
+    Rung("random rows", dict(kind="plain"),
+         "ℓ = Σ_j exp(x_j - m) relative to the FINAL max m, rescaled at every rebase (§4.3)"),
+    Rung("leading dims (2 × 3 × 6)", dict(kind="plain", shape=(2, 3, 6)),
+         "any number of leading dims: stream over the last dim, vectorised over the others"),
+    Rung("-inf entries", dict(kind="neginf"),
+         "an x_j = -inf adds exp(-inf) = 0; guard exp(-inf - (-inf)) while the running max is still -inf"),
+    Rung("an all -inf row", dict(kind="allneginf"),
+         "an all -inf row keeps (m, ℓ) = (-inf, 0): guard exp(-inf - (-inf)) = NaN (§4.4)"),
+    Rung("rows shifted by +1000", dict(kind="shifted"),
+         "ℓ is relative to the max (Σ_j exp(x_j - m), each term <= 1): without the max shift exp(x_j) overflows"),
+]
+
+
+def summary_ladder(student) -> Finding:
+    def one(r: Rung):
+        x = _rows(r.spec["kind"], r.spec.get("shape", (3, 6)))
+        m, l = _pair(student.call("online_softmax.online_summary", x))
+        m_ref = x.amax(-1)
+        l_ref = torch.exp(x - torch.where(torch.isneginf(m_ref), torch.zeros_like(m_ref), m_ref).unsqueeze(-1)).sum(-1)
+        wrong = [n for n, a, e, rt in (("m", m, m_ref, 0.0), ("ℓ", l, l_ref, tol.summary_rtol(x.shape[-1], x.dtype)))
+                 if not _close_rel(a, e, rt, x.dtype, atol=0.0)]
+        return wrong, (m, l), x
+    return climb(SUMMARY_RUNGS, one)
+
+
+def _segment(x: torch.Tensor, v: torch.Tensor):
+    """(m, ℓ, o) of a segment straight from its values (amax, Σ exp(x - m), Σ exp(x - m) v): no ⊕ involved."""
+    m = x.amax(-1)
+    p = torch.exp(x - torch.where(torch.isneginf(m), torch.zeros_like(m), m).unsqueeze(-1))
+    return m, p.sum(-1), (p.unsqueeze(-1) * v).sum(-2)
+
+
+def _summaries(ma: float, mb: float, lead=(3,)):
+    """a, b: (m, ℓ, o) of two key segments whose maxima are ma and mb (-inf: an empty segment), and the
+    (m, ℓ, o) of both segments together, the expected ⊕."""
+    g = torch.Generator().manual_seed(4)
+    xs, vs = [], []
+    for top in (ma, mb):
+        x = torch.randn(*lead, 4, generator=g, dtype=torch.float64)
+        x = torch.full_like(x, -math.inf) if top == -math.inf else x - x.amax(-1, keepdim=True) + top
+        xs.append(x)
+        vs.append(torch.randn(*lead, 4, 4, generator=g, dtype=torch.float64))
+    a, b = _segment(xs[0], vs[0]), _segment(xs[1], vs[1])
+    return a, b, _segment(torch.cat(xs, -1), torch.cat(vs, -2))
+
+
+MERGE_RUNGS = [
+    Rung("equal maxima (m_a = m_b)", dict(ma=0.0, mb=0.0),
+         "⊕ with no rebase: ℓ = ℓ_a + ℓ_b (and o = o_a + o_b) when both maxima are equal (§4.4)"),
+    Rung("m_a > m_b", dict(ma=3.0, mb=0.0),
+         "⊕ rebases b on the larger max m = m_a: ℓ_b (and o_b) times exp(m_b - m) (§4.4)"),
+    Rung("m_b > m_a", dict(ma=0.0, mb=3.0),
+         "⊕ rebases a on the larger max m = m_b: ℓ_a (and o_a) times exp(m_a - m) (§4.4)"),
+    Rung("a ⊕ identity (-inf, 0)", dict(ma=2.0, mb=-math.inf),
+         "the identity (-inf, 0) contributes exp(-inf - m)·0 = 0: a ⊕ (-inf, 0) = a (§4.4)"),
+    Rung("identity ⊕ identity", dict(ma=-math.inf, mb=-math.inf),
+         "missing -inf guard: with m = -inf, exp(-inf - (-inf)) = NaN; rebase on 0 so (-inf, 0) ⊕ (-inf, 0) = (-inf, 0)"),
+    Rung("leading dims (2 × 3)", dict(ma=1.0, mb=2.0, lead=(2, 3)),
+         "any leading dims; o has one more trailing dim than m and ℓ: unsqueeze(-1) the factors"),
+]
+
+
+def merge_ladder(student, fn: str) -> Finding:
+    with_o = fn == "merge_partial"
+
+    def one(r: Rung):
+        a, b, ref = _summaries(r.spec["ma"], r.spec["mb"], r.spec.get("lead", (3,)))
+        if not with_o:
+            a, b, ref = a[:2], b[:2], ref[:2]
+        got = student.call(f"online_softmax.{fn}", a, b)
+        if type(got) not in (tuple, list) or len(got) != len(a):
+            raise CheckFailure(f"the probe's result is {'(m, ℓ, o)' if with_o else '(m, ℓ)'}",
+                               detail=f"got a {type(got).__name__}")
+        names = ("m", "ℓ", "o")
+        wrong = [n for n, x, e in zip(names, got, ref) if not _close_rel(x, e, tol.merge_rtol(torch.float64),
+                                                                        torch.float64, atol=1e-12)]
+        return wrong, got, (a, b)
+    return climb(MERGE_RUNGS, one)
