@@ -168,7 +168,7 @@ def run(m: Mutation, *, solutions: Path = SOLUTIONS_DIR, rubric: Rubric | None =
 
 def verdict_dict(path: Path, full: bool = False) -> dict:
     """run() as plain data, for a process pool (tests/test_mutations.py grades in 2 processes)."""
-    v = run(load_mutation(path), full=full)
+    v = run(load_mutation(path), full=full, solutions=SOLUTIONS_DIR)
     return {"name": path.stem, "ok": v.ok, "problems": v.problems, "graded": v.graded_parts,
             "seconds": v.seconds, "description": v.mutation.description}
 

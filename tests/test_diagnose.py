@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from autograder.tests import diagnose as dg
+from autograder.tests import probes as pb
 from course.reference import attention_plain, attention_reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -425,3 +426,84 @@ def test_an_alternative_correct_implementation_passes_parts_2_4_6(alternative):
         c6.check_decode(alternative, case)
     for case in p6.TRACE:
         c6.check_decode_trace(alternative, case)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The invariant probes (autograder/tests/probes.py), in-process on the solutions and on mutants
+
+
+class ModuleStudent:
+    """student.call for the probes, in this process, on an imported package's modules."""
+
+    def __init__(self, modules: dict):
+        self.modules, self.hidden = modules, False
+
+    def call(self, target, *args, **kwargs):
+        module, name = target.split(".")
+        return getattr(self.modules[module], name)(*args, **kwargs)
+
+
+def _solutions_student():
+    mods = {n: importlib.import_module(f"solutions.{n}") for n in
+            ("online_softmax", "flash_forward", "flash_backward", "flash_decoding")}
+    return ModuleStudent(mods)
+
+
+def test_every_ladder_passes_on_the_solutions_and_says_so_neutrally():
+    st = _solutions_student()
+    findings = [pb.forward_ladder(st), pb.backward_ladder(st), pb.combine_ladder(st), pb.partial_ladder(st),
+                pb.summary_ladder(st), pb.merge_ladder(st, "merge_summary"), pb.merge_ladder(st, "merge_partial")]
+    findings += [pb.softmax_ladder(st, fn) for fn in ("naive_softmax", "safe_softmax", "online_softmax")]
+    for f in findings:
+        assert f.failed is None, f.message()
+        assert f.message().startswith(pb.NEUTRAL)
+
+
+@pytest.mark.parametrize("name,rung", [
+    ("forward_no_rescale", "one Q block and 4 K/V blocks"),
+    ("forward_topleft_causal", "causal with Nq < Nk"),
+    ("forward_ragged_block_dropped", "a ragged last Q block"),
+    ("forward_missing_neginf_guard", "causal with Nq > Nk"),
+    ("forward_lse_base2", "one full tile"),
+])
+def test_the_forward_ladder_stops_at_the_rung_that_isolates_the_bug(tmp_path, name, rung):
+    _, fwd, _, _ = _mutant(tmp_path, name)
+    finding = pb.forward_ladder(ModuleStudent({"flash_forward": fwd}))
+    assert finding.failed is not None and finding.failed.label.startswith(rung), finding.message()
+    assert finding.message().startswith("correct with") or not finding.passed, finding.message()
+
+
+@pytest.mark.parametrize("name,rung", [
+    ("backward_dq_overwritten", "one Q block and 4 K/V blocks"),
+    ("backward_dk_overwritten", "4 Q blocks and one K/V block"),
+    ("backward_missing_scale", "one full tile"),
+])
+def test_the_backward_ladder_stops_at_the_rung_that_isolates_the_bug(tmp_path, name, rung):
+    _, _, bwd, _ = _mutant(tmp_path, name)
+    finding = pb.backward_ladder(ModuleStudent({"flash_backward": bwd}))
+    assert finding.failed is not None and finding.failed.label.startswith(rung), finding.message()
+
+
+def test_a_raising_probe_is_reported_not_raised():
+    class Raises:
+        hidden = False
+
+        def call(self, target, *args, **kwargs):
+            from autograder.engine.errors import StudentError
+            raise StudentError("flash_forward raised IndexError: boom", kind="exception", target=target)
+    finding = pb.forward_ladder(Raises())
+    assert finding.raised and "raises with one full tile" in finding.message()
+
+
+def test_the_console_lists_every_failing_test_with_a_one_line_reason():
+    from autograder.engine.feedback import part_lines
+    part = {"part": 2, "name": "x", "status": "failed", "passed": 1, "total": 3,
+            "first_failure": {"test": "public/t::a", "message": "checked: o of flash_forward\nhint: h"}}
+    tests = [{"id": "public/t::a", "part": 2, "set": "public", "outcome": "failed",
+              "message": "checked: o of flash_forward\nhint: h"},
+             {"id": "hidden test 1", "part": 2, "set": "hidden", "outcome": "failed", "message": "checked: secret"},
+             {"id": "public/t::c", "part": 2, "set": "public", "outcome": "passed", "message": ""}]
+    lines = part_lines(part, tests)
+    assert "    failing tests (2):" in lines
+    assert "      - public/t::a: o of flash_forward" in lines
+    assert "      - hidden test 1" in lines  # hidden: the name only

@@ -34,6 +34,8 @@ from autograder.engine.checks import CheckFailure, check, check_close
 from course import likesworld
 from course.tiny_transformer import TinyTransformer, greedy_generate, load_checkpoint, rope
 
+from . import probes as pb
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 # Measured on the committed checkpoint (logits up to ~30 in size), 150 cases (30 seeds × 5 chunk
@@ -208,7 +210,16 @@ def check_cached_logits(student, case: CacheCase) -> None:
             if failure.kind in ("type", "dtype", "shape"):
                 raise
             with one_thread():
-                failure.hint = _diagnose(model(case.dtype), tokens, sizes, got, bound) or HINT_CACHE
+                known = _diagnose(model(case.dtype), tokens, sizes, got, bound)
+            finding = None
+            try:
+                finding = pb.cache_ladder(student)
+                probe = (finding.message() if finding.failed is not None else
+                         f"{pb.NEUTRAL}: KVCache.update keeps and returns the right keys and values, so the bug is in "
+                         "forward_with_cache (positions, which layer's cache, the mask)")
+            except Exception as exc:  # noqa: BLE001 -- a diagnosis must never hide the failure itself
+                probe = f"(probes unavailable: {type(exc).__name__})"
+            failure.hint = "; ".join(p for p in (probe, known or (HINT_CACHE if finding is None or finding.failed is None else None)) if p)
             failure.args = (failure.message(),)
             raise failure
         start += c

@@ -48,6 +48,8 @@ HINT_RESCALE_INVERTED = ("the rescale factor is inverted: when the max grows fro
 HINT_BF16 = ("the result has the error of a float16/bfloat16 step (about 1e-2 relative): keep every step in the "
              "input dtype or wider")
 HINT_UNSCALED_LSE = "lse must be of the SCALED scores: lse = log Σ_j exp(scale · q_i·k_j)"
+HINT_NOT_NORMALISED = ("o is not normalised: divide acc by ℓ once at the end, o = acc / ℓ (FA2 defers the division, "
+                       "it does not drop it) (§5.1)")
 HINT_SCALE_TWICE = "the softmax scale is applied twice: S = scale · q kᵀ, once (e.g. scale q OR S, not both)"
 HINT_SCALE = "scores must be scaled: S = scale · q kᵀ, and scale=None means 1/√d (handout conventions)"
 HINT_NEGINF_GUARD = ("NaN in rows that can attend to no key: guard exp(-inf - (-inf)) and ℓ = 0 so such rows "
@@ -303,8 +305,13 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
                      HINT_RESCALE)
     out["inverted_rescale"] = (*no_rescale_forward(q, k, v, causal=causal, block_k=block_k, scale=scale,
                                                    missing="inverted"), HINT_RESCALE_INVERTED)
-    masks = {"ragged_rows_dropped": (dict(drop_ragged_rows=True), HINT_RAGGED_Q),
-             "ragged_keys_dropped": (dict(drop_ragged_keys=True), HINT_RAGGED_K)}
+    masks = {}
+    # A dropped ragged block is a recognisable bug only next to a full block: with N < block it would
+    # drop everything, which many other bugs also look like.
+    if nq >= block_q:
+        masks["ragged_rows_dropped"] = (dict(drop_ragged_rows=True), HINT_RAGGED_Q)
+    if nk >= block_k:
+        masks["ragged_keys_dropped"] = (dict(drop_ragged_keys=True), HINT_RAGGED_K)
     if causal:
         masks["topleft_causal"] = (dict(topleft=True), HINT_TOPLEFT)
         masks["diagonal_block_skipped"] = (dict(skip_diagonal=True), HINT_DIAGONAL)
@@ -319,6 +326,8 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
     if scale is None:
         out["scale_one_over_d"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), 1.0 / d)[:2], HINT_SCALE)
     out["lse_unscaled"] = (o, masked_attention(q, k, v, _mask(nq, nk, causal), 1.0)[1], HINT_UNSCALED_LSE)
+    l = torch.exp(log_l)  # ℓ = Σ_j exp(S_ij - m): o left unnormalised is o·ℓ
+    out["not_normalised"] = (torch.where(torch.isneginf(lse), 0.0, l).unsqueeze(-1) * o, lse, HINT_NOT_NORMALISED)
     return out
 
 
@@ -404,7 +413,7 @@ def diagnose_forward(actual: torch.Tensor, which: str, q, k, v, *, causal: bool,
     place = _rows_place(actual, correct, tol=tol, which=which, n_rows=nq, block=block_q, masked=masked) if where else ""
     finding = ladder() if ladder else pb.forward_ladder(student) if student is not None else None
     rec = forward_probe_hint(finding) if finding else None
-    if rec is None:
+    if rec is None and (finding is None or finding.failed is None):  # the probes localised nothing
         rec = recognise_forward(actual, which, q, k, v, causal=causal, block_q=block_q, block_k=block_k,
                                 scale=scale, tol=tol)
     if finding is None:
@@ -540,7 +549,7 @@ def diagnose_backward(actual: torch.Tensor, which: str, q, k, v, o, lse, do, *, 
     if finding is None and student is not None:
         finding = pb.backward_ladder(student)
     rec = backward_probe_hint(finding) if finding else None
-    if rec is None:
+    if rec is None and (finding is None or finding.failed is None):  # the probes localised nothing
         rec = recognise_backward(actual, which, q, k, v, o, lse, do, causal=causal, block_q=block_q,
                                  block_k=block_k, scale=scale, tol=tol)
     if finding is None:

@@ -106,12 +106,12 @@ def _tensors(lead, shapes, seed, dtype, mult=1.0):
 _RESCALE = ("the merge across K/V blocks: when the row max grows, acc and ℓ must be rescaled by "
             "exp(m_old - m_new) (the rescale factor, not its inverse), and acc divided by ℓ once at the end (§5.1)")
 FORWARD_RUNGS = [
-    Rung("N = 1 (one query, one key)", dict(nq=1, nk=1, bq=16, bk=16),
-         "the basic tile math: S = scale·q kᵀ, P̃ = exp(S - m), o = P̃V / ℓ, lse = m + log ℓ"),
     Rung("one full tile (Nq = Nk = 16, blocks 16)", dict(nq=16, nk=16, bq=16, bk=16),
          "the math inside one tile: S = scale·q kᵀ (scale=None means 1/√d), P̃ = exp(S - rowmax), "
          "o = P̃V / rowsum P̃, lse = m + log ℓ in natural log",
-         {frozenset({"lse"}): "lse within one tile: lse = m + log ℓ, natural log, m included (§5.1)"}),
+         {frozenset({"lse"}): "lse within one tile: lse = m + log ℓ, natural log, m included (§5.1)",
+          frozenset({"o"}): "o within one tile: o = P̃V / ℓ, P̃V divided by the row sum ℓ once (lse is right, so S, m "
+                            "and ℓ are)"}),
     Rung("one Q block and 4 K/V blocks (Nq 16, Nk 64, blocks 16)", dict(nq=16, nk=64, bq=16, bk=16, mult=3.0),
          _RESCALE,
          {frozenset({"o"}): "the merge across K/V blocks: acc must be rescaled by exp(m_old - m_new) with ℓ (§5.1); "
@@ -125,6 +125,9 @@ FORWARD_RUNGS = [
          "the ragged last K/V block: loop j0 over range(0, Nk, block_k) and slice keys j0:min(j0 + block_k, Nk)"),
     Rung("a ragged last Q block (Nq = 56, block_q 16)", dict(nq=56, nk=64, bq=16, bk=16),
          "the ragged last Q block: loop i0 over range(0, Nq, block_q) and let the last block be shorter"),
+    Rung("N = 1 (a single tile shorter than the blocks)", dict(nq=1, nk=1, bq=16, bk=16),
+         "a tile shorter than the blocks on both sides: slice rows i0:min(i0 + block_q, Nq) and keys "
+         "j0:min(j0 + block_k, Nk), never assume a full block"),
     Rung("an explicit scale (scale = 0.3)", dict(nq=32, nk=32, bq=16, bk=16, scale=0.3),
          "the scale argument: S = scale · q kᵀ with the given scale; only scale=None means 1/√d"),
     Rung("leading dims (2, 3)", dict(lead=(2, 3), nq=32, nk=32, bq=16, bk=16),
@@ -139,7 +142,8 @@ FORWARD_RUNGS = [
          "skip only K/V blocks entirely above the diagonal (§6.2)"),
     Rung("causal with Nq < Nk (Nq 32, Nk 64)", dict(nq=32, nk=64, bq=16, bk=16, causal=True),
          "bottom-right causal alignment: query i sees key j iff j <= i + (Nk - Nq), not j <= i (§6.2)"),
-    Rung("causal with Nq > Nk (Nq 64, Nk 32: rows that see no key)", dict(nq=64, nk=32, bq=16, bk=16, causal=True),
+    Rung("causal with Nq > Nk (Nq 64, Nk 40: rows that see no key, one Q block half of them)",
+         dict(nq=64, nk=40, bq=16, bk=8, causal=True),
          "rows that attend no key (causal, Nq > Nk): guard exp(-inf - (-inf)) and ℓ = 0 so they get o = 0, "
          "lse = -inf and no NaN (§4.4); the offset Nk - Nq is negative here"),
     Rung("causal, ragged, block_q ≠ block_k (Nq 56, Nk 72, block_q 32, block_k 16)",
@@ -153,7 +157,8 @@ FORWARD_RUNGS = [
          "large scores: subtract the running max before exp so no exponent is > 0 (§4.2), and rescale with "
          "exp(m_old - m_new) <= 1"),
 ]
-KERNEL_SKIP = {"an explicit scale (scale = 0.3)", "no leading dim (q of shape (Nq, d))", "N = 1 (one query, one key)"}
+KERNEL_SKIP = {"an explicit scale (scale = 0.3)", "no leading dim (q of shape (Nq, d))",
+               "N = 1 (a single tile shorter than the blocks)"}
 
 
 def forward_inputs(spec: dict[str, Any], seed: int = 7):
@@ -247,7 +252,8 @@ BACKWARD_RUNGS = [
          "entirely above the diagonal (§6.2)"),
     Rung("causal with Nq < Nk (Nq 32, Nk 64)", dict(nq=32, nk=64, bq=16, bk=16, causal=True),
          "bottom-right causal alignment: query i sees key j iff j <= i + (Nk - Nq), not j <= i (§6.2)"),
-    Rung("causal with Nq > Nk (Nq 64, Nk 32: rows that see no key)", dict(nq=64, nk=32, bq=16, bk=16, causal=True),
+    Rung("causal with Nq > Nk (Nq 64, Nk 40: rows that see no key, one Q block half of them)",
+         dict(nq=64, nk=40, bq=16, bk=8, causal=True),
          "rows with lse = -inf (they attend no key): guard exp(S - L) so their P row is 0, no NaN; the offset "
          "Nk - Nq is negative here"),
     Rung("causal, ragged, block_q ≠ block_k (Nq 56, Nk 72, block_q 32, block_k 16)",
@@ -555,3 +561,38 @@ def merge_ladder(student, fn: str) -> Finding:
                                                                         torch.float64, atol=1e-12)]
         return wrong, got, (a, b)
     return climb(MERGE_RUNGS, one)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 5: the cache on its own (one update, then a second, then another layer)
+
+CACHE_RUNGS = [
+    Rung("one update of 3 tokens", dict(n=1),
+         "KVCache.update(layer, k_new, v_new) returns (k_all, v_all): the layer's filled prefix, here exactly k_new, "
+         "v_new"),
+    Rung("a second update of 2 tokens", dict(n=2),
+         "after a second update, (k_all, v_all) hold ALL the cached tokens so far (length + T), in order, not only the "
+         "new ones: write k_new at positions length .. length + T - 1 and return the prefix [:length + T]"),
+    Rung("an update of another layer", dict(n=3),
+         "each layer has its own keys, values and length: updating layer 1 leaves layer 0 as it was"),
+]
+
+
+def cache_ladder(student) -> Finding:
+    g = torch.Generator().manual_seed(9)
+    sizes = [(0, 3), (0, 2), (1, 4)]
+    updates = [(layer, torch.randn(1, 2, t, 4, generator=g), torch.randn(1, 2, t, 4, generator=g))
+               for layer, t in sizes]
+
+    def one(r: Rung):
+        n = r.spec["n"]
+        out = student.scenario("part5.cache_updates", n_layers=2, batch=1, n_heads=2, max_len=8, head_dim=4,
+                               updates=updates[:n], dtype="float32")
+        k_all, v_all = out["results"][n - 1]
+        layer = updates[n - 1][0]
+        mine = [u for u in updates[:n] if u[0] == layer]
+        want_k, want_v = torch.cat([u[1] for u in mine], 2), torch.cat([u[2] for u in mine], 2)
+        wrong = [name for name, a, e in (("k_all", k_all, want_k), ("v_all", v_all, want_v))
+                 if not (isinstance(a, torch.Tensor) and a.shape == e.shape and bool(torch.equal(a, e)))]
+        return wrong, (k_all, v_all), None
+    return climb(CACHE_RUNGS, one)
