@@ -8,8 +8,10 @@ Two layers, in this order in the hint:
 2. beneath it, recognisers of known bugs: what each known buggy variant outputs on the failed
    probe's inputs (and on the test's own inputs), recomputed here in float64 from dense masked
    attention. If the student's output matches one variant far better than the correct result, the
-   hint also names THAT bug. Every variant is buggy by construction: nothing here is a working
-   implementation of a graded function (the correct values come from course.reference).
+   hint also names THAT bug. The variants are bugs by construction, and the correct values come from
+   course.reference (dense float64 attention and torch autograd through it, which ship anyway): no
+   combine, partial or tiled forward here computes a correct result (masked_backward with
+   d_mode="ok" is the dense §7.1 formula that autograd through course.reference gives too).
 In public tests the hint also says WHERE the error is (which rows / keys, which blocks).
 """
 from __future__ import annotations
