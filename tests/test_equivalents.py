@@ -57,3 +57,18 @@ def test_an_equivalent_that_is_a_bug_is_reported(tmp_path):
                    'old = "    lse = torch.logsumexp(lse_all, dim=0)"\nnew = "    lse = lse_all.amax(dim=0)"\n')
     v = cat.run_equivalent(cat.load_equivalent(bad))
     assert not v["ok"] and v["graded"] == [6]
+
+
+def test_part4_gets_a_correct_forward_whatever_the_import_style(tmp_path):
+    """flash_backward.py importing the forward as a module (`from . import flash_forward as f`) with a part-2 bug
+    in flash_forward: part 4 still runs its Function with a known-good forward and keeps full points."""
+    from autograder.engine.runner import grade
+
+    style = cat.load_equivalent(cat.EQUIVALENTS_DIR / "backward_import_module.toml")
+    bug = cat.load_mutation(cat.MUTATIONS_DIR / "forward_no_rescale.toml")
+    cat.apply(style, tmp_path / "sub")
+    cat.apply_edits(bug, tmp_path / "sub")
+    report = grade(tmp_path / "sub", parts=[2, 4], test_sets=("public",), fail_fast=True)
+    points = {p["part"]: (p["points"], p["max_points"]) for p in report["parts"]}
+    assert points[2][0] < points[2][1], "the forward bug must cost part 2"
+    assert points[4][0] == points[4][1], points
