@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from autograder.tests import diagnose as dg
+from autograder.tests import probes as pb
 from course.reference import attention_plain, attention_reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,13 +55,14 @@ def test_variant_machinery_is_correct_when_no_bug_is_switched_on(nq, nk, causal)
     q, k, v = qkv((2,), nq, nk, dtype=torch.float64)
     o, lse = attention_reference(q, k, v, causal)
     mo, ml, _ = dg.masked_attention(q, k, v, dg._mask(nq, nk, causal), None)
-    ro, rl = dg.no_rescale_forward(q, k, v, causal=causal, block_k=32, scale=None)  # all rescales on
     assert dg._dist(mo, o) < 1e-12 and dg._dist(ml, lse) < 1e-12
-    assert dg._dist(ro, o) < 1e-12 and dg._dist(rl, lse) < 1e-12
+    for missing in ("acc", "l", "both", "inverted"):  # every rescaling variant is a bug, visibly
+        ro, _ = dg.no_rescale_forward(q * 3, k, v, causal=causal, block_k=32, scale=None, missing=missing)
+        assert dg._dist(ro, attention_reference(q * 3, k, v, causal)[0]) > 1e-3
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     do = torch.randn(2, nq, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     grads = torch.autograd.grad(attention_reference(*leaves, causal)[0], leaves, do)
-    mine = dg.masked_backward(q, k, v, o, lse, do, dg._mask(nq, nk, causal), None)
+    mine = dg.masked_backward(q, k, v, o, lse, do, dg._mask(nq, nk, causal), None, d_mode="ok")
     assert all(dg._dist(a, b) < 1e-12 for a, b in zip(mine, grads))
     # block_mask without switches is the plain causal mask
     assert torch.equal(dg.block_mask(nq, nk, causal=causal, block_q=64, block_k=32), dg._mask(nq, nk, causal))
@@ -165,7 +167,7 @@ def test_averaging_is_only_visible_on_peaked_inputs():
     errs = {}
     for mult in (1.0, 40.0):
         q, k, v = qkv((2, 3), 1, 203, mult=mult, dtype=torch.float64)
-        parts = [dg._partial(q, k[..., a:b, :], v[..., a:b, :], None) for a, b in ((0, 68), (68, 136), (136, 203))]
+        parts = [attention_reference(q, k[..., a:b, :], v[..., a:b, :]) for a, b in ((0, 68), (68, 136), (136, 203))]
         avg = torch.stack([p[0] for p in parts]).mean(0)
         errs[mult] = (avg - attention_reference(q, k, v)[0]).abs().max().item()
     assert errs[1.0] < 0.1 < errs[40.0]
@@ -174,13 +176,14 @@ def test_averaging_is_only_visible_on_peaked_inputs():
 def test_noise_gets_the_concept_hint_not_a_bug_name():
     q, k, v = qkv((2,), 113, 203)
     ref_o, ref_lse = attention_reference(q, k, v, True)
-    noisy = (ref_o + 1e-3 * torch.randn(ref_o.shape, generator=torch.Generator().manual_seed(3))).float()
+    # (noise of 1e-3 relative would look like a float16 step, which has its own hint)
+    noisy = (ref_o + 5e-2 * torch.randn(ref_o.shape, generator=torch.Generator().manual_seed(3))).float()
     hint = dg.diagnose_forward(noisy, "o", q, k, v, causal=True, block_q=32, block_k=64, scale=None, tol=1e-5)
     assert hint.startswith(dg.HINT_FORWARD)
     do = torch.randn(2, 113, 16, generator=torch.Generator().manual_seed(4))
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
     dq = torch.autograd.grad(attention_reference(*leaves, True)[0], leaves[0], do.double())[0]
-    noisy_dq = (dq + 1e-3 * torch.randn(dq.shape, generator=torch.Generator().manual_seed(5))).float()
+    noisy_dq = (dq + 5e-2 * dq.abs().max() * torch.randn(dq.shape, generator=torch.Generator().manual_seed(5))).float()
     hint = dg.diagnose_backward(noisy_dq, "dq", q, k, v, ref_o, ref_lse, do, causal=True, block_q=32, block_k=64,
                                 scale=None, tol=1e-5)
     assert hint.startswith(dg.HINT_BACKWARD)
@@ -423,3 +426,84 @@ def test_an_alternative_correct_implementation_passes_parts_2_4_6(alternative):
         c6.check_decode(alternative, case)
     for case in p6.TRACE:
         c6.check_decode_trace(alternative, case)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The invariant probes (autograder/tests/probes.py), in-process on the solutions and on mutants
+
+
+class ModuleStudent:
+    """student.call for the probes, in this process, on an imported package's modules."""
+
+    def __init__(self, modules: dict):
+        self.modules, self.hidden = modules, False
+
+    def call(self, target, *args, **kwargs):
+        module, name = target.split(".")
+        return getattr(self.modules[module], name)(*args, **kwargs)
+
+
+def _solutions_student():
+    mods = {n: importlib.import_module(f"solutions.{n}") for n in
+            ("online_softmax", "flash_forward", "flash_backward", "flash_decoding")}
+    return ModuleStudent(mods)
+
+
+def test_every_ladder_passes_on_the_solutions_and_says_so_neutrally():
+    st = _solutions_student()
+    findings = [pb.forward_ladder(st), pb.backward_ladder(st), pb.combine_ladder(st), pb.partial_ladder(st),
+                pb.summary_ladder(st), pb.merge_ladder(st, "merge_summary"), pb.merge_ladder(st, "merge_partial")]
+    findings += [pb.softmax_ladder(st, fn) for fn in ("naive_softmax", "safe_softmax", "online_softmax")]
+    for f in findings:
+        assert f.failed is None, f.message()
+        assert f.message().startswith(pb.NEUTRAL)
+
+
+@pytest.mark.parametrize("name,rung", [
+    ("forward_no_rescale", "one Q block and 4 K/V blocks"),
+    ("forward_topleft_causal", "causal with Nq < Nk"),
+    ("forward_ragged_block_dropped", "a ragged last Q block"),
+    ("forward_missing_neginf_guard", "causal with Nq > Nk"),
+    ("forward_lse_base2", "one full tile"),
+])
+def test_the_forward_ladder_stops_at_the_rung_that_isolates_the_bug(tmp_path, name, rung):
+    _, fwd, _, _ = _mutant(tmp_path, name)
+    finding = pb.forward_ladder(ModuleStudent({"flash_forward": fwd}))
+    assert finding.failed is not None and finding.failed.label.startswith(rung), finding.message()
+    assert finding.message().startswith("correct with") or not finding.passed, finding.message()
+
+
+@pytest.mark.parametrize("name,rung", [
+    ("backward_dq_overwritten", "one Q block and 4 K/V blocks"),
+    ("backward_dk_overwritten", "4 Q blocks and one K/V block"),
+    ("backward_missing_scale", "one full tile"),
+])
+def test_the_backward_ladder_stops_at_the_rung_that_isolates_the_bug(tmp_path, name, rung):
+    _, _, bwd, _ = _mutant(tmp_path, name)
+    finding = pb.backward_ladder(ModuleStudent({"flash_backward": bwd}))
+    assert finding.failed is not None and finding.failed.label.startswith(rung), finding.message()
+
+
+def test_a_raising_probe_is_reported_not_raised():
+    class Raises:
+        hidden = False
+
+        def call(self, target, *args, **kwargs):
+            from autograder.engine.errors import StudentError
+            raise StudentError("flash_forward raised IndexError: boom", kind="exception", target=target)
+    finding = pb.forward_ladder(Raises())
+    assert finding.raised and "raises with one full tile" in finding.message()
+
+
+def test_the_console_lists_every_failing_test_with_a_one_line_reason():
+    from autograder.engine.feedback import part_lines
+    part = {"part": 2, "name": "x", "status": "failed", "passed": 1, "total": 3,
+            "first_failure": {"test": "public/t::a", "message": "checked: o of flash_forward\nhint: h"}}
+    tests = [{"id": "public/t::a", "part": 2, "set": "public", "outcome": "failed",
+              "message": "checked: o of flash_forward\nhint: h"},
+             {"id": "hidden test 1", "part": 2, "set": "hidden", "outcome": "failed", "message": "checked: secret"},
+             {"id": "public/t::c", "part": 2, "set": "public", "outcome": "passed", "message": ""}]
+    lines = part_lines(part, tests)
+    assert "    failing tests (2):" in lines
+    assert "      - public/t::a: o of flash_forward" in lines
+    assert "      - hidden test 1" in lines  # hidden: the name only

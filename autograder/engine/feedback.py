@@ -1,8 +1,10 @@
 """Student-facing feedback from a report dict: a rich table on the terminal, or markdown text.
 
 Both show the same content: per part, tests passed and points; then, for each part that did not
-pass, ONE line if it is not implemented yet, else its first failure (what was checked, inputs,
-max abs/rel error and where, hint). Hidden tests arrive here already redacted by the engine.
+pass, ONE line if it is not implemented yet, else its first failure in detail (what was checked,
+inputs, max abs/rel error and where, hint), followed by the list of EVERY failing test of the part:
+its name and, for a public test, the one-line reason (a student with two bugs sees both). Hidden
+tests arrive here already redacted by the engine, and are listed by name only.
 """
 from __future__ import annotations
 
@@ -15,8 +17,31 @@ def _fmt_points(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
 
 
-def part_lines(part: dict) -> list[str]:
-    """The feedback lines of one part (empty when it passed)."""
+REASON_CHARS = 160
+
+
+def one_line_reason(message: str) -> str:
+    """The first line of a failure message, without its "checked: " label, cut to REASON_CHARS."""
+    first = next((line.strip() for line in str(message).splitlines() if line.strip()), "")
+    first = first.removeprefix("checked: ")
+    return first if len(first) <= REASON_CHARS else first[:REASON_CHARS - 1] + "…"
+
+
+def failing_lines(part: dict, tests: list[dict]) -> list[str]:
+    """One line per failing test of the part: name, and the reason for a public test."""
+    failing = [t for t in tests if t.get("part") == part["part"] and t.get("outcome") != "passed"]
+    if len(failing) < 2:
+        return []  # the detailed first failure says it all
+    lines = [f"    failing tests ({len(failing)}):"]
+    for t in failing:
+        reason = f": {one_line_reason(t.get('message', ''))}" if t.get("set") == "public" and t.get("message") else ""
+        lines.append(f"      - {t['id']}{reason}")
+    return lines
+
+
+def part_lines(part: dict, tests: list[dict] | None = None) -> list[str]:
+    """The feedback lines of one part (empty when it passed); with the report's `tests`, also every
+    failing test of the part."""
     head = f"Part {part['part']} ({part['name']})"
     ff = part.get("first_failure") or {}
     if part["status"] == "ok":
@@ -30,7 +55,7 @@ def part_lines(part: dict) -> list[str]:
     lines = [f"{head}: {part['passed']}/{part['total']} tests passed; first failure: {ff.get('test', '?')}"]
     for line in str(ff.get("message", "")).splitlines() or [""]:
         lines.append(f"    {line}")
-    return lines
+    return lines + failing_lines(part, tests or [])
 
 
 def render_text(report: dict) -> str:
@@ -40,7 +65,7 @@ def render_text(report: dict) -> str:
         out.append(f"| {p['part']} | {p['name']} | {p['passed']}/{p['total']} | "
                    f"{_fmt_points(p['points'])}/{_fmt_points(p['max_points'])} |")
     out.append(f"| | **total** | | **{_fmt_points(report['total'])}/{_fmt_points(report['max_total'])}** |")
-    details = [line for p in report["parts"] for line in part_lines(p)]
+    details = [line for p in report["parts"] for line in part_lines(p, report.get("tests"))]
     if details:  # a fence that no message can close (sanitize.fence)
         out += ["", sanitize.fence("\n".join(details))]
     if report.get("errors"):
@@ -69,7 +94,7 @@ def print_report(report: dict, console: Any = None) -> None:
                   style="bold")
     console.print(table)
     for p in report["parts"]:
-        lines = part_lines(p)
+        lines = part_lines(p, report.get("tests"))
         if lines:
             console.print(Text("\n".join(lines)), soft_wrap=True)
     for e in report.get("errors", []):

@@ -2,12 +2,14 @@
 and FLOPs, its gradients through flash_attention, and torch.autograd.gradcheck on tiny float64 shapes.
 
 The Function's forward calls the student's part-2 flash_forward (`from .flash_forward import
-flash_forward` in flash_backward.py). So that part 4 is graded independently of part 2, these
-scenarios replace that name, inside the student's flash_backward module only and only for the
-duration of the scenario, by a correct forward (float64 reference math, cast to the input dtype).
+flash_forward` in flash_backward.py, or `from . import flash_forward as f` and f.flash_forward).
+So that part 4 is graded independently of part 2, these scenarios replace it, for the duration of
+the scenario only, by a correct forward (float64 reference math, cast to the input dtype): in the
+student's flash_backward module and on the student's flash_forward module object.
 """
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -26,17 +28,35 @@ def correct_forward(q, k, v, causal=False, block_q=64, block_k=64, scale=None):
 
 @contextmanager
 def _correct_forward(student) -> Iterator[None]:
+    """Swap in correct_forward for the student's flash_forward, whatever the import style:
+    `from .flash_forward import flash_forward [as name]` (every global of flash_backward bound to
+    the student's function) and `from . import flash_forward as f` / `f.flash_forward(...)` (the
+    attribute of the student's flash_forward module object in sys.modules). Restored on exit."""
     module = student.module("flash_backward")
+    package = module.__name__.rpartition(".")[0]
+    fwd_module = sys.modules.get(f"{package}.flash_forward")
+    original = getattr(fwd_module, "flash_forward", None) if fwd_module is not None else None
     missing = object()
-    before = module.__dict__.get("flash_forward", missing)
-    module.flash_forward = correct_forward
+    undo: list[tuple[Any, str, Any]] = []
+
+    def patch(obj: Any, name: str) -> None:
+        undo.append((obj, name, obj.__dict__.get(name, missing)))
+        setattr(obj, name, correct_forward)
+
+    patch(module, "flash_forward")
+    for name, value in list(module.__dict__.items()):
+        if name != "flash_forward" and original is not None and value is original:
+            patch(module, name)
+    if fwd_module is not None and original is not None:
+        patch(fwd_module, "flash_forward")
     try:
         yield
     finally:
-        if before is missing:
-            del module.flash_forward
-        else:
-            module.flash_forward = before
+        for obj, name, before in reversed(undo):
+            if before is missing:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, before)
 
 
 def trace_backward(student, q, k, v, o, lse, do, causal=False, block_q=64, block_k=64, scale=None) -> dict[str, Any]:
@@ -64,6 +84,20 @@ def function_grads(student, q, k, v, do, causal=False) -> dict[str, Any]:
     with _correct_forward(student):
         o = student.function("flash_backward.flash_attention")(q, k, v, causal=causal)
     problem = _not_in_graph(o, "flash_attention")
+    if problem:
+        return {"problem": problem}
+    o.backward(do)
+    return {"o": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def function_apply_grads(student, q, k, v, do, causal=False, block_q=64, block_k=64, scale=None) -> dict[str, Any]:
+    """o = FlashAttentionFunction.apply(q, k, v, causal, block_q, block_k, scale); o.backward(do):
+    {"o", "dq", "dk", "dv"} or {"problem"}. Every argument reaches the Function, the scale included."""
+    q, k, v = _leaves(q, k, v)
+    fn = student.function("flash_backward.FlashAttentionFunction")
+    with _correct_forward(student):
+        o = fn.apply(q, k, v, causal, block_q, block_k, scale)
+    problem = _not_in_graph(o, "FlashAttentionFunction.apply")
     if problem:
         return {"problem": problem}
     o.backward(do)

@@ -45,11 +45,12 @@ def cached_logits(student, tokens: torch.Tensor, chunks: list[int], dtype: str =
 
 
 def generate(student, prompts: list[list[int]], max_new_tokens: int, use_cache: bool = True,
-             batched: bool = False) -> list[list[int]]:
+             batched: bool = False, dtype: str = "float32") -> list[list[int]]:
     """The student's greedy generate() on each prompt (batch 1 each), or on all prompts at once as
-    one (B, T0) batch when `batched` (then they must have the same length). Returns token lists."""
+    one (B, T0) batch when `batched` (then they must have the same length), with the model in
+    `dtype`. Returns token lists."""
     kv = student.module("kv_cache")
-    model = _model("float32")
+    model = _model(dtype)
     groups = [prompts] if batched else [[p] for p in prompts]
     out: list[list[int]] = []
     for group in groups:

@@ -2,9 +2,9 @@
 
 Each part is checked three ways:
 (a) against trusted references computed here in the judge: course.reference.attention_reference
-    (float64) and attention_plain (same math in the input dtype) for the tolerance rule
-    err <= 2·err_plain + 1e-6 in float32 (FLOAT64_ATOL in float64), o AND lse (a wrong lse passes
-    every O-only test);
+    (float64) and attention_plain (same math in the input dtype) for the plain-error rule of
+    autograder/engine/tolerances.py, o AND lse (a wrong lse passes every O-only test); a failure
+    runs the invariant probes (probes.py) for its hint;
 (b) against the handout's conventions: lse natural log incl. m, bottom-right causal alignment with
     Nq != Nk both ways, fully masked rows o = 0 / lse = -inf / no NaN;
 (c) against counters of the dispatch-level tracer (autograder/scenarios/tracing.py): no fused
@@ -23,7 +23,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from autograder.engine.checks import DEFAULT_ATOL, FLOAT64_ATOL, CheckFailure, check, check_close, unpack
+from autograder.engine import tolerances as tol
+from autograder.engine.checks import CheckFailure, check, check_close, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
@@ -89,11 +90,8 @@ class AttnCase:
 
 
 def tolerance(plain: torch.Tensor, expected: torch.Tensor, factor: float, dtype: torch.dtype) -> float:
-    """The bound check_close applies: factor·max|plain - expected| (finite entries) + atol."""
-    atol = FLOAT64_ATOL if dtype == torch.float64 else DEFAULT_ATOL
-    finite = torch.isfinite(expected)
-    err = (plain.double() - expected.double()).abs()[finite]
-    return factor * (err.max().item() if err.numel() else 0.0) + atol
+    """The bound check_close applies: factor·max|plain - expected| (finite entries) + atol (tolerances rule 1)."""
+    return tol.plain_bound(tol.finite_max_err(plain, expected), factor, dtype)
 
 
 def close_or_diagnose(actual: Any, expected: torch.Tensor, *, what: str, inputs: dict[str, Any],
@@ -131,12 +129,14 @@ def check_forward_values(student, case: AttnCase, *, hidden: bool = False) -> No
     ref_o, ref_lse = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, plain_lse = attention_plain(q, k, v, case.causal, case.scale)
     inputs = case.shown(q, k, v)
-    diag = dict(causal=case.causal, block_q=case.block_q, block_k=case.block_k, scale=case.scale, where=not hidden)
+    diag = dict(causal=case.causal, block_q=case.block_q, block_k=case.block_k, scale=case.scale, where=not hidden,
+                student=student)
     close_or_diagnose(o, ref_o, what="o of flash_forward against float64 attention", inputs=inputs, plain=plain_o,
-                      factor=2.0, diagnose=lambda tol: dg.diagnose_forward(o, "o", q, k, v, tol=tol, **diag))
+                      factor=tol.FORWARD_FACTOR,
+                      diagnose=lambda bound: dg.diagnose_forward(o, "o", q, k, v, tol=bound, **diag))
     close_or_diagnose(lse, ref_lse, what="lse of flash_forward: log Σ_j exp(S_ij), natural log, including m",
-                      inputs=inputs, plain=plain_lse, factor=2.0,
-                      diagnose=lambda tol: dg.diagnose_forward(lse, "lse", q, k, v, tol=tol, **diag))
+                      inputs=inputs, plain=plain_lse, factor=tol.FORWARD_FACTOR,
+                      diagnose=lambda bound: dg.diagnose_forward(lse, "lse", q, k, v, tol=bound, **diag))
 
 
 def check_fully_masked_rows(student, case: AttnCase) -> None:
@@ -252,7 +252,8 @@ def check_forward_trace(student, case: AttnCase, *, hidden: bool = False) -> Non
     o, _ = unpack(out["result"], 2, what="flash_forward returns (o, lse)")
     ref_o, _ = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)
-    diag = dict(causal=case.causal, block_q=case.block_q, block_k=case.block_k, scale=case.scale, where=not hidden)
+    diag = dict(causal=case.causal, block_q=case.block_q, block_k=case.block_k, scale=case.scale, where=not hidden,
+                student=student)
     close_or_diagnose(o, ref_o, what="o of the traced flash_forward call (the counts are of a correct result)",
-                      inputs=inputs, plain=plain_o, factor=2.0,
-                      diagnose=lambda tol: dg.diagnose_forward(o, "o", q, k, v, tol=tol, **diag))
+                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR,
+                      diagnose=lambda bound: dg.diagnose_forward(o, "o", q, k, v, tol=bound, **diag))

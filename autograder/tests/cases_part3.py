@@ -40,6 +40,9 @@ from autograder.engine.checks import CheckFailure, check, check_close
 from course import gpusim
 from course.reference import attention_plain, attention_reference, causal_mask
 
+from . import diagnose as dg
+from . import probes as pb
+
 EXPECTED_BUFFERS = ("Q", "K", "V", "O", "L")
 
 HINT_ON_CHIP = ("global memory may hold only Q, K, V, O and L: S and P must stay on chip, in registers or "
@@ -363,12 +366,20 @@ def _values_failure(j: Judged, case: KernelCase, inputs) -> CheckFailure | None:
     return j.values
 
 
-def _explained(failure: CheckFailure, stats: dict, case: KernelCase, hidden: bool) -> CheckFailure:
-    """Wrong values whose counters also show a known bug (e.g. the diagonal block skipped: fewer K/V
-    bytes than the allowed block pairs need): name that bug instead."""
-    found = diagnose(stats, case, hidden)
-    if failure.kind not in ("type", "dtype", "shape") and found != HINT_VALUES:
-        failure.hint = found
+def _explained(failure: CheckFailure, stats: dict, case: KernelCase, student) -> CheckFailure:
+    """Wrong values: the probes of part 2's ladder, run through the kernel, say where the values first
+    go wrong; beneath them, counters that show a known bug (e.g. the diagonal block skipped: fewer K/V
+    bytes than the allowed block pairs need) name that bug."""
+    if failure.kind in ("type", "dtype", "shape"):
+        return failure
+    found = diagnose(stats, case, student.hidden)
+    try:
+        probe = kernel_probe_hint(student)
+    except Exception as exc:  # noqa: BLE001 -- a diagnosis must never hide the failure itself
+        probe = f"(diagnosis unavailable: {type(exc).__name__})"
+    hint = dg._compose(probe, found if found != HINT_VALUES else None)
+    if hint:
+        failure.hint = hint
         failure.args = (failure.message(),)
     return failure
 
@@ -396,7 +407,7 @@ def _values_right(student, case: KernelCase, program: dict, j: Judged) -> None:
         failure.hint = HINT_NO_STORE
         failure.args = (failure.message(),)
         raise failure
-    raise _explained(failure, seen.stats, case, student.hidden)
+    raise _explained(failure, seen.stats, case, student)
 
 
 def _counted(student, case: KernelCase) -> tuple[dict, KernelCase]:
@@ -419,6 +430,18 @@ def check_outputs(student, case: KernelCase) -> None:
     """o and lse (from the judge's replay) against float64 attention (2 × plain float32 error + atol)."""
     program, j = run(student, case)
     _values_right(student, case, program, j)
+
+
+def kernel_probe_hint(student) -> str:
+    """The forward ladder through the student's kernel (run(), the part-3 check path), with the recognisers of
+    known forward bugs on the failed probe's inputs beneath it."""
+    def run_case(*, nq, nk, d, causal, block_rows, block_cols, lead, q_mult):
+        case = KernelCase(lead=tuple(lead), nq=nq, nk=nk, d=d, causal=causal, block_rows=block_rows,
+                          block_cols=block_cols, seed=21, q_mult=q_mult)
+        _, j = run(student, case)  # the judge's replay on its own inputs j.q, j.k, j.v
+        return {"o": j.o, "lse": j.lse, "qkv": (j.q, j.k, j.v)}
+    finding = pb.kernel_ladder(run_case)
+    return dg._compose(finding.message(), dg.forward_probe_hint(finding))
 
 
 def check_only_qkvol(student, case: KernelCase) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from autograder.engine import tolerances as tol
 from autograder.engine.checks import check, unpack
 from course.reference import attention_plain, attention_reference
 
@@ -40,6 +41,9 @@ HINT_SAVES_P = ("the autograd.Function keeps an Nq × Nk tensor (P or S) for bac
                 "lse with ctx.save_for_backward and recompute P in backward (§7.2)")
 HINT_SAVES_O_LSE = ("FlashAttentionFunction.forward must save O and lse (the row logsumexp, shape (..., Nq)) with "
                     "ctx.save_for_backward, next to q, k, v (§7.2)")
+HINT_FUNCTION_ARGS = ("FlashAttentionFunction must pass causal, block_q, block_k AND scale from forward to backward "
+                      "(keep them on ctx) and on to flash_backward; the gradients here are those of another scale "
+                      "or mask")
 HINT_FUNCTION = ("FlashAttentionFunction.backward must call flash_backward with the saved q, k, v, O, lse and "
                  "return (dq, dk, dv, None, None, None, None)")
 
@@ -60,17 +64,21 @@ def reference_grads(q, k, v, do, case: AttnCase) -> tuple[list[torch.Tensor], li
     return out[0], out[1]
 
 
-def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str, hidden: bool) -> None:
+def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str, hidden: bool,
+                 student: Any = None, hint: str | None = None) -> None:
+    """dq, dk, dv against float64 autograd (3× rule). The hint: the backward probes and recognisers, and `hint`
+    first when the gradients come through the Function (whose flash_backward the probes check on its own)."""
     dq, dk, dv = unpack(grads, 3, what=f"{fn} returns (dq, dk, dv)")
     expected, plain = reference_grads(q, k, v, do, case)
     inputs = case.shown(q, k, v, do=do)
-    diag = dict(causal=case.causal, block_q=case.block_q, block_k=case.block_k, scale=case.scale, where=not hidden)
+    diag = dict(causal=case.causal, block_q=case.block_q, block_k=case.block_k, scale=case.scale, where=not hidden,
+                student=student)
     for name, actual, exp, pl in zip(("dq", "dk", "dv"), (dq, dk, dv), expected, plain):
         close_or_diagnose(
             actual, exp, what=f"{name} of {fn} against torch autograd of float64 attention", inputs=inputs,
-            plain=pl, factor=3.0,
-            diagnose=lambda tol, a=actual, n=name: dg.diagnose_backward(a, n, q, k, v, o64, lse64, do, tol=tol,
-                                                                        **diag))
+            plain=pl, factor=tol.GRADIENT_FACTOR,
+            diagnose=lambda bound, a=actual, n=name: dg._compose(
+                hint, dg.diagnose_backward(a, n, q, k, v, o64, lse64, do, tol=bound, **diag)))
 
 
 def check_backward_values(student, case: AttnCase, *, hidden: bool = False) -> None:
@@ -80,7 +88,7 @@ def check_backward_values(student, case: AttnCase, *, hidden: bool = False) -> N
     o64, lse64 = attention_reference(q, k, v, case.causal, case.scale)
     o, lse = o64.to(q.dtype), lse64.to(q.dtype)
     grads = student.call("flash_backward.flash_backward", q, k, v, o, lse, do, **case.kwargs())
-    _check_grads(grads, q, k, v, o64, lse64, do, case, fn="flash_backward", hidden=hidden)
+    _check_grads(grads, q, k, v, o64, lse64, do, case, fn="flash_backward", hidden=hidden, student=student)
 
 
 def check_masked_rows_grads(student, case: AttnCase) -> None:
@@ -142,7 +150,8 @@ def check_backward_trace(student, case: AttnCase) -> None:
           detail=f"counted {trace['matmul_flops']:,} = {trace['matmul_flops'] / fwd:.3g} × the forward's {fwd:,}; "
                  f"expected {expected:,}",
           hint=backward_flops_hint(trace["matmul_flops"], expected, full), inputs=inputs)
-    _check_grads(out["result"], q, k, v, o64, lse64, do, case, fn="the traced flash_backward", hidden=True)
+    _check_grads(out["result"], q, k, v, o64, lse64, do, case, fn="the traced flash_backward", hidden=True,
+                 student=student)
 
 
 def check_function_grads(student, case: AttnCase, *, hidden: bool = False) -> None:
@@ -157,9 +166,28 @@ def check_function_grads(student, case: AttnCase, *, hidden: bool = False) -> No
     o64, lse64 = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)
     close_or_diagnose(out["o"], o64, what="o of flash_attention (forward through the autograd.Function)",
-                      inputs=inputs, plain=plain_o, factor=2.0, diagnose=lambda tol: HINT_FUNCTION)
+                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION)
     _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
-                 fn="flash_attention(...).backward(dO)", hidden=hidden)
+                 fn="flash_attention(...).backward(dO)", hidden=hidden, student=student)
+
+
+def check_function_apply(student, case: AttnCase, *, hidden: bool = False) -> None:
+    """FlashAttentionFunction.apply(q, k, v, causal, block_q, block_k, scale) forward and backward against float64
+    autograd: every argument, the scale included, must reach the forward and the backward."""
+    q, k, v = case.qkv()
+    do = _do(case)
+    out = student.scenario("part4.function_apply_grads", q=q, k=k, v=v, do=do, causal=case.causal,
+                           block_q=case.block_q, block_k=case.block_k, scale=case.scale)
+    inputs = case.shown(q, k, v, do=do)
+    check("problem" not in out, what="FlashAttentionFunction.apply returns a differentiable o",
+          detail=str(out.get("problem")), hint=HINT_FUNCTION, inputs=inputs)
+    o64, lse64 = attention_reference(q, k, v, case.causal, case.scale)
+    plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)
+    close_or_diagnose(out["o"], o64, what="o of FlashAttentionFunction.apply (with its scale argument)",
+                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION)
+    _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
+                 fn="FlashAttentionFunction.apply(..., scale).backward(dO)", hidden=hidden, student=student,
+                 hint=HINT_FUNCTION_ARGS)
 
 
 def check_function_saves(student, case: AttnCase) -> None:
@@ -201,7 +229,7 @@ def check_gradcheck(student, case: AttnCase) -> None:
                                             block_q=case.block_q, block_k=case.block_k)
     # Central differences with eps = 1e-6 on O(1) float64 values are accurate to ~1e-9; the solution
     # measures ≤ 1e-9, and every gradient bug of the catalogue is off by more than 1e-2.
-    check(out["ok"] is True and out["max_err"] <= 1e-6,
+    check(out["ok"] is True and out["max_err"] <= tol.GRADCHECK_MAX_ERR,
           what="torch.autograd.gradcheck of FlashAttentionFunction (float64, numerical vs analytical Jacobian)",
           detail=f"gradcheck {'passed' if out['ok'] else 'failed'}; largest directional-derivative error "
                  f"{out['max_err']:.3g} (allowed 1e-6)",

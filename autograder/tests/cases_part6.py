@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
-from autograder.engine.checks import check, check_close, unpack
+from autograder.engine import tolerances as tol
+from autograder.engine.checks import CheckFailure, check, check_close, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
+from . import probes as pb
 from .cases_part2 import DTYPES, close_or_diagnose
 
 HINT_VIEWS = ("split_kv must return views of k and v (slicing or torch.tensor_split), not copies: Flash-Decoding "
@@ -116,10 +118,14 @@ def check_partial(student, case: DecodeCase) -> None:
     ref_o, ref_lse = attention_reference(q, k_seg, v_seg, False, case.scale)
     plain_o, plain_lse = attention_plain(q, k_seg, v_seg, False, case.scale)
     inputs = case.shown(q, k_seg, v_seg)
-    check_close(o, ref_o, what="o of attention_partial (softmax over the segment's keys only, no mask)",
-                inputs=inputs, plain=plain_o, factor=2.0, hint=dg.HINT_DECODE)
-    check_close(lse, ref_lse, what="lse of attention_partial (natural-log logsumexp of the segment's scaled scores)",
-                inputs=inputs, plain=plain_lse, factor=2.0, hint=HINT_PARTIAL_LSE)
+    probe = lambda _tol, fallback: dg._compose(pb.partial_ladder(student).message(), fallback)  # noqa: E731
+    close_or_diagnose(o, ref_o, what="o of attention_partial (softmax over the segment's keys only, no mask)",
+                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR,
+                      diagnose=lambda t: probe(t, dg.HINT_DECODE))
+    close_or_diagnose(lse, ref_lse,
+                      what="lse of attention_partial (natural-log logsumexp of the segment's scaled scores)",
+                      inputs=inputs, plain=plain_lse, factor=tol.FORWARD_FACTOR,
+                      diagnose=lambda t: probe(t, HINT_PARTIAL_LSE))
     empty_k, empty_v = k[..., :0, :].contiguous(), v[..., :0, :].contiguous()
     o, lse = unpack(student.call("flash_decoding.attention_partial", q, empty_k, empty_v, case.scale), 2,
                     what="attention_partial returns (o, lse)")
@@ -136,39 +142,37 @@ def check_partial(student, case: DecodeCase) -> None:
 
 
 def _partials(q, k, v, case: DecodeCase, lengths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Correct partials (float64 reference per segment, cast to q's dtype); an empty segment is (0, -inf)."""
-    out = []
-    for a, b in segment_bounds(lengths):
-        o, lse = dg._partial(q, k[..., a:b, :], v[..., a:b, :], case.scale)
-        out.append((o.to(q.dtype), lse.to(q.dtype)))
-    return out
-
-
-def _plain_combine(partials: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """⊕ in the partials' dtype: the plain implementation of the tolerance rule."""
-    o_all = torch.stack([o for o, _ in partials])
-    l_all = torch.stack([lse for _, lse in partials])
-    lse = torch.logsumexp(l_all, 0)
-    w = torch.exp(l_all - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse))
-    return (w.unsqueeze(-1) * o_all).sum(0), lse
+    """Correct partials (float64 dense attention per segment, cast to q's dtype); an empty segment is (0, -inf)."""
+    return pb._seg_partials(q, k, v, lengths, case.scale, q.dtype)
 
 
 def check_combine(student, case: DecodeCase, lengths: list[int]) -> None:
-    """combine_partials of given partials (one segment per entry of lengths, 0 = empty) against the exact ⊕."""
+    """combine_partials of given partials (one segment per entry of lengths, 0 = empty) against dense float64
+    attention over all the keys (the exact ⊕ of the exact partials), within the rounding bound of the given
+    rounded partials (tolerances.combine_bounds). lse is checked first: o's weights exp(lse_s - lse) depend on it."""
     assert sum(lengths) == case.nk, "test bug: the segment lengths must cover the keys"
     q, k, v = case.qkv()
     partials = _partials(q, k, v, case, lengths)
     o, lse = unpack(student.call("flash_decoding.combine_partials", partials), 2,
                     what="combine_partials returns (o, lse)")
-    exp_o, exp_lse = dg.combine_reference(partials)
-    plain_o, plain_lse = _plain_combine(partials)
+    exp_o, exp_lse = attention_reference(q, k, v, False, case.scale)
+    bound_o, bound_lse = tol.combine_bounds(partials)
     inputs = {"segment lengths": lengths, "each o_s": partials[0][0], "each lse_s": partials[0][1]}
-    close_or_diagnose(o, exp_o, what="o of combine_partials: Σ_s exp(lse_s - lse) o_s", inputs=inputs,
-                      plain=plain_o, factor=2.0,
-                      diagnose=lambda tol: dg.diagnose_combine(o, "o", partials, tol=tol, lengths=lengths))
-    close_or_diagnose(lse, exp_lse, what="lse of combine_partials: log Σ_s exp(lse_s)", inputs=inputs,
-                      plain=plain_lse, factor=2.0,
-                      diagnose=lambda tol: dg.diagnose_combine(lse, "lse", partials, tol=tol, lengths=lengths))
+    for name, actual, exp, bound, what in (
+            ("lse", lse, exp_lse, bound_lse, "lse of combine_partials: log Σ_s exp(lse_s)"),
+            ("o", o, exp_o, bound_o, "o of combine_partials: Σ_s exp(lse_s - lse) o_s")):
+        try:
+            check_close(actual, exp, what=what, inputs=inputs, atol=bound, rtol=0.0, dtype=q.dtype)
+        except CheckFailure as failure:
+            if failure.kind in ("type", "dtype", "shape"):
+                raise
+            try:
+                failure.hint = dg.diagnose_combine(actual, name, partials, exp, tol=bound, lengths=lengths,
+                                                   student=student)
+            except Exception as exc:  # noqa: BLE001 -- a diagnosis must never hide the failure itself
+                failure.hint = f"(diagnosis unavailable: {type(exc).__name__})"
+            failure.args = (failure.message(),)
+            raise failure
 
 
 def check_combine_all_empty(student, case: DecodeCase, n: int = 3) -> None:
@@ -197,14 +201,14 @@ def check_decode(student, case: DecodeCase, *, hidden: bool = False) -> None:
     plain_o, plain_lse = attention_plain(q, k, v, False, case.scale)
     inputs = case.shown(q, k, v)
     lengths = out["seg_lengths"]
-    close_or_diagnose(o, ref_o, what=f"o of flash_decode with {case.num_splits} splits against float64 attention",
-                      inputs=inputs, plain=plain_o, factor=2.0,
-                      diagnose=lambda tol: dg.diagnose_decode(o, "o", q, k, v, seg_lengths=lengths,
-                                                              scale=case.scale, tol=tol))
     close_or_diagnose(lse, ref_lse, what=f"lse of flash_decode with {case.num_splits} splits", inputs=inputs,
-                      plain=plain_lse, factor=2.0,
-                      diagnose=lambda tol: dg.diagnose_decode(lse, "lse", q, k, v, seg_lengths=lengths,
-                                                              scale=case.scale, tol=tol))
+                      plain=plain_lse, factor=tol.FORWARD_FACTOR,
+                      diagnose=lambda bound: dg.diagnose_decode(lse, "lse", q, k, v, seg_lengths=lengths,
+                                                                scale=case.scale, tol=bound, student=student))
+    close_or_diagnose(o, ref_o, what=f"o of flash_decode with {case.num_splits} splits against float64 attention",
+                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR,
+                      diagnose=lambda bound: dg.diagnose_decode(o, "o", q, k, v, seg_lengths=lengths,
+                                                                scale=case.scale, tol=bound, student=student))
 
 
 def check_decode_trace(student, case: DecodeCase) -> None:

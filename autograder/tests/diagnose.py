@@ -1,19 +1,29 @@
-"""Judge-side recognisers of known attention bugs (parts 2, 4 and 6; other parts append at the end).
+"""Judge-side diagnosis of a failed value check (parts 2, 3, 4 and 6).
 
-When an output check fails, the tests call diagnose_forward / diagnose_backward / diagnose_decode. They
-recompute, in float64 on the same inputs, what each known buggy variant of the algorithm outputs. If the
-student's output matches one variant far better than the correct result, the hint names THAT bug;
-otherwise it names the concept (NaN in fully masked rows, lse convention, ...). Every hint also says
-WHERE the error is (which rows / keys, which blocks), e.g. "error only in rows 64..112 (the ragged last
-Q block)".
-
-Nothing here runs student code: inputs and the student's outputs arrive as tensors in the judge.
+Two layers, in this order in the hint:
+1. the invariant probes (probes.py): a ladder of small calls into the student's code that finds the
+   first invariant the code breaks ("correct with one K/V block, wrong with 4: the merge across
+   blocks ..."). A hint names a cause only when a probe proves it; otherwise it says that no
+   smaller input fails.
+2. beneath it, recognisers of known bugs: what each known buggy variant outputs on the failed
+   probe's inputs (and on the test's own inputs), recomputed here in float64 from dense masked
+   attention. If the student's output matches one variant far better than the correct result, the
+   hint also names THAT bug. The variants are bugs by construction, and the correct values come from
+   course.reference (dense float64 attention and torch autograd through it, which ship anyway): no
+   combine, partial or tiled forward here computes a correct result (masked_backward with
+   d_mode="ok" is the dense §7.1 formula that autograd through course.reference gives too).
+In public tests the hint also says WHERE the error is (which rows / keys, which blocks).
 """
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import torch
+
+from course.reference import attention_reference
+
+from . import probes as pb
 
 LN2 = math.log(2.0)
 
@@ -33,6 +43,16 @@ HINT_RAGGED_Q = ("the ragged last Q block is missing: loop i0 over range(0, Nq, 
                  "block be shorter than block_q")
 HINT_RAGGED_K = ("the ragged last K/V block is ignored: loop j0 over range(0, Nk, block_k) and let the last "
                  "block be shorter than block_k")
+HINT_STRICT = ("causal mask too strict: query i sees key j iff j <= i + (Nk - Nq), the diagonal key included "
+               "(<=, not <) (§6.2)")
+HINT_RESCALE_INVERTED = ("the rescale factor is inverted: when the max grows from m_old to m_new, multiply acc and ℓ "
+                         "by exp(m_old - m_new) <= 1, not exp(m_new - m_old) (§5.1)")
+HINT_BF16 = ("the result has the error of a float16/bfloat16 step (about 1e-2 relative): keep every step in the "
+             "input dtype or wider")
+HINT_UNSCALED_LSE = "lse must be of the SCALED scores: lse = log Σ_j exp(scale · q_i·k_j)"
+HINT_NOT_NORMALISED = ("o is not normalised: divide acc by ℓ once at the end, o = acc / ℓ (FA2 defers the division, "
+                       "it does not drop it) (§5.1)")
+HINT_SCALE_TWICE = "the softmax scale is applied twice: S = scale · q kᵀ, once (e.g. scale q OR S, not both)"
 HINT_SCALE = "scores must be scaled: S = scale · q kᵀ, and scale=None means 1/√d (handout conventions)"
 HINT_NEGINF_GUARD = ("NaN in rows that can attend to no key: guard exp(-inf - (-inf)) and ℓ = 0 so such rows "
                      "get o = 0, lse = -inf (§4.4)")
@@ -49,6 +69,11 @@ HINT_DKDV_OVERWRITTEN = ("dK and dV must be accumulated over all Q blocks (dK_j 
                          "here only the last Q block's contribution is left (§7.4)")
 HINT_DQDK_SCALE = ("the softmax scale is missing in dQ/dK: S = scale · Q Kᵀ, so dQ = scale · dS K and "
                    "dK = scale · dSᵀ Q (§7.1)")
+HINT_SCALED_TWICE = ("the softmax scale is applied twice in dQ or dK: with S = scale · Q Kᵀ, dQ = scale · dS K and "
+                     "dK = scale · dSᵀ Q, once (if Q was pre-scaled, dSᵀ (scale·Q) already carries it)")
+HINT_DS_P = "dS = P ∘ (dP - D): the elementwise factor P is missing (§7.1)"
+HINT_D_TILE = ("D_i = rowsum(dO_i ∘ O_i) over the whole row (§7.3), computed once before the loops, not "
+               "rowsum(P ∘ dP) of one K/V tile")
 HINT_BACKWARD = ("recompute P = exp(scale · Q Kᵀ - L) per tile, then dV += Pᵀ dO, dP = dO Vᵀ, "
                  "dS = P ∘ (dP - D), dQ += scale · dS K, dK += scale · dSᵀ Q (§7.2–§7.4)")
 HINT_BACKWARD_NAN = ("NaN in the gradients: rows that attend no key have L = -inf; guard exp(S - L) so their "
@@ -87,6 +112,13 @@ def _mask(nq: int, nk: int, causal: bool, topleft: bool = False) -> torch.Tensor
     if not causal:
         return torch.ones(nq, nk, dtype=torch.bool)
     return j <= i + (0 if topleft else nk - nq)
+
+
+def _strict_mask(nq: int, nk: int) -> torch.Tensor:
+    """The bug j < i + (Nk - Nq): each query loses the key on its own diagonal."""
+    i = torch.arange(nq).unsqueeze(1)
+    j = torch.arange(nk).unsqueeze(0)
+    return j < i + (nk - nq)
 
 
 def fully_masked_rows(nq: int, nk: int, causal: bool) -> list[int]:
@@ -196,9 +228,11 @@ def _compose(*parts: str | None) -> str:
 
 def block_mask(nq: int, nk: int, *, causal: bool, block_q: int, block_k: int, topleft: bool = False,
                skip_diagonal: bool = False, drop_ragged_rows: bool = False,
-               drop_ragged_keys: bool = False) -> torch.Tensor:
+               drop_ragged_keys: bool = False, strict: bool = False) -> torch.Tensor:
     """(nq, nk) bool: the (query, key) pairs a tiled implementation with these bugs lets through."""
     allowed = _mask(nq, nk, causal, topleft)
+    if strict and causal:  # j < i + offset: the diagonal itself masked
+        allowed = _strict_mask(nq, nk)
     if skip_diagonal:  # only (Q block, K/V block) pairs that are entirely visible survive
         full = allowed.clone()
         for i0 in range(0, nq, block_q):
@@ -226,8 +260,10 @@ def masked_attention(q, k, v, allowed: torch.Tensor, scale: float | None):
     return p @ v, lse, m
 
 
-def no_rescale_forward(q, k, v, *, causal, block_k, scale, rescale_acc=True, rescale_l=True):
-    """§5.1's K/V-block loop (all query rows at once) with acc and/or ℓ not rescaled. Returns (o, lse)."""
+def no_rescale_forward(q, k, v, *, causal, block_k, scale, missing: str):
+    """§5.1's K/V-block loop (all query rows at once) with a rescaling BUG: missing="acc" | "l" | "both"
+    leaves those unrescaled, "inverted" rescales by exp(m_new - m_old). Returns (o, lse)."""
+    assert missing in ("acc", "l", "both", "inverted"), "a variant is a bug by construction"
     q, k, v = q.double(), k.double(), v.double()
     nq, nk = q.shape[-2], k.shape[-2]
     allowed = _mask(nq, nk, causal)
@@ -240,9 +276,16 @@ def no_rescale_forward(q, k, v, *, causal, block_k, scale, rescale_acc=True, res
         m_new = torch.maximum(m, s.amax(-1))
         base = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(s - base.unsqueeze(-1))
-        alpha = torch.exp(m - base)
-        l = (l * alpha if rescale_l else l) + p.sum(-1)
-        acc = (acc * alpha.unsqueeze(-1) if rescale_acc else acc) + p @ v[..., j0:j1, :]
+        if missing == "inverted":
+            old = torch.where(torch.isneginf(m), base, m)
+            alpha = torch.exp(base - old)
+            alpha_l = alpha_acc = alpha
+        else:
+            alpha = torch.exp(m - base)
+            alpha_l = alpha if missing == "acc" else torch.ones_like(alpha)
+            alpha_acc = alpha if missing == "l" else torch.ones_like(alpha)
+        l = l * alpha_l + p.sum(-1)
+        acc = acc * alpha_acc.unsqueeze(-1) + p @ v[..., j0:j1, :]
         m = m_new
     return acc / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1), m + torch.log(l)
 
@@ -259,55 +302,125 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
         "lse_missing_m": (o, log_l, HINT_LSE_MISSING_M),
         "lse_is_m": (o, m, HINT_LSE_NO_LOG_L),
     }
-    for name, flags in (("no_rescale_acc", dict(rescale_acc=False)), ("no_rescale_l", dict(rescale_l=False)),
-                        ("no_rescale", dict(rescale_acc=False, rescale_l=False))):
-        out[name] = (*no_rescale_forward(q, k, v, causal=causal, block_k=block_k, scale=scale, **flags),
+    for name, missing in (("no_rescale_acc", "acc"), ("no_rescale_l", "l"), ("no_rescale", "both")):
+        out[name] = (*no_rescale_forward(q, k, v, causal=causal, block_k=block_k, scale=scale, missing=missing),
                      HINT_RESCALE)
-    masks = {"ragged_rows_dropped": (dict(drop_ragged_rows=True), HINT_RAGGED_Q),
-             "ragged_keys_dropped": (dict(drop_ragged_keys=True), HINT_RAGGED_K)}
+    out["inverted_rescale"] = (*no_rescale_forward(q, k, v, causal=causal, block_k=block_k, scale=scale,
+                                                   missing="inverted"), HINT_RESCALE_INVERTED)
+    masks = {}
+    # A dropped ragged block is a recognisable bug only next to a full block: with N < block it would
+    # drop everything, which many other bugs also look like.
+    if nq >= block_q:
+        masks["ragged_rows_dropped"] = (dict(drop_ragged_rows=True), HINT_RAGGED_Q)
+    if nk >= block_k:
+        masks["ragged_keys_dropped"] = (dict(drop_ragged_keys=True), HINT_RAGGED_K)
     if causal:
         masks["topleft_causal"] = (dict(topleft=True), HINT_TOPLEFT)
         masks["diagonal_block_skipped"] = (dict(skip_diagonal=True), HINT_DIAGONAL)
         masks["causal_ignored"] = (dict(causal=False), HINT_CAUSAL_IGNORED)
+        masks["causal_strict"] = (dict(strict=True), HINT_STRICT)
     for name, (flags, hint) in masks.items():
         out[name] = (*masked_attention(q, k, v, block_mask(nq, nk, **{**blocks, **flags}), scale)[:2], hint)
     other_scale = 1.0 if scale is None else 1.0 / math.sqrt(d)  # scale forgotten / scale argument ignored
     out["wrong_scale"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), other_scale)[:2], HINT_SCALE)
+    sc = _scale(q, scale)
+    out["scale_twice"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), sc * sc)[:2], HINT_SCALE_TWICE)
+    if scale is None:
+        out["scale_one_over_d"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), 1.0 / d)[:2], HINT_SCALE)
+    out["lse_unscaled"] = (o, masked_attention(q, k, v, _mask(nq, nk, causal), 1.0)[1], HINT_UNSCALED_LSE)
+    l = torch.exp(log_l)  # ℓ = Σ_j exp(S_ij - m): o left unnormalised is o·ℓ
+    out["not_normalised"] = (torch.where(torch.isneginf(lse), 0.0, l).unsqueeze(-1) * o, lse, HINT_NOT_NORMALISED)
     return out
 
 
-def diagnose_forward(actual: torch.Tensor, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
-                     scale: float | None, tol: float, where: bool = True) -> str:
-    """Hint for a failed check of flash_forward's o (which="o") or lse (which="lse").
-
-    where=False (hidden tests) leaves out the rows/blocks sentence, which would reveal the inputs."""
+def recognise_forward(actual: Any, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
+                      scale: float | None, tol: float) -> str | None:
+    """The hint of the known buggy forward that `actual` (o or lse on these inputs) matches, if any."""
     nq, nk = q.shape[-2], k.shape[-2]
     o, lse, _ = masked_attention(q, k, v, _mask(nq, nk, causal), scale)
     correct = o if which == "o" else lse
     if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
-        return ""
+        return None
     masked = fully_masked_rows(nq, nk, causal)
-    row_dim = -2 if which == "o" else -1
-    place, tag = locate(actual, correct, tol=tol, row_dim=row_dim, n_rows=nq, block=block_q, masked_rows=masked)
-    place = place if where else ""
     nan = torch.isnan(actual)
     per_row = (nan.any(-1) if which == "o" else nan).reshape(-1, nq).any(0)  # (Nq,)
     nan_rows = set(per_row.nonzero()[:, 0].tolist())
     if nan_rows and masked and nan_rows <= set(masked):
-        return _compose(HINT_NEGINF_GUARD, place)
+        return HINT_NEGINF_GUARD
     variants = {name: ((vo if which == "o" else vl), hint)
                 for name, (vo, vl, hint) in forward_variants(q, k, v, causal=causal, block_q=block_q,
                                                               block_k=block_k, scale=scale).items()}
     hint = _best_variant(actual, correct, variants, tol)
     if hint:
-        return _compose(hint, place)
-    if tag == "ragged":
-        return _compose(HINT_RAGGED_Q, place)
+        return hint
     if nan_rows:
-        return _compose(HINT_NAN, place)
+        return HINT_NAN
     if masked and which == "lse" and not torch.isneginf(actual[..., masked]).all():
-        return _compose(HINT_MASKED_LSE, place)
-    return _compose(HINT_FORWARD, place)
+        return HINT_MASKED_LSE
+    if _sixteen_bit(actual, correct):
+        return HINT_BF16
+    return None
+
+
+def _sixteen_bit(actual: torch.Tensor, correct: torch.Tensor) -> bool:
+    """An error of 2^-12..2^-6 relative to the output's size everywhere: a float16/bfloat16 step."""
+    if not torch.isfinite(actual).all() or actual.dtype == torch.float16 or actual.dtype == torch.bfloat16:
+        return False
+    fin = torch.isfinite(correct)
+    if not fin.any():
+        return False
+    size = correct[fin].abs().max().item() or 1.0
+    err = (actual.double() - correct.double())[fin].abs().max().item() / size
+    return 2.0 ** -13 <= err <= 2.0 ** -6
+
+
+def _probe_tol(inputs_dtype: torch.dtype) -> float:
+    return 1e-8 if inputs_dtype == torch.float64 else 1e-5
+
+
+def _rows_place(actual, correct, *, tol, which, n_rows, block, masked, noun="rows", block_name="Q") -> str:
+    row_dim = -2 if which in ("o", "dq", "dk", "dv") else -1
+    place, tag = locate(actual, correct, tol=tol, row_dim=row_dim, n_rows=n_rows, block=block, noun=noun,
+                        block_name=block_name, masked_rows=masked)
+    return place
+
+
+def forward_probe_hint(finding: "pb.Finding") -> str | None:
+    """The recogniser's verdict on the failed probe's own (small, float64) inputs."""
+    if finding.failed is None or finding.outputs is None:
+        return None
+    q, k, v, s = finding.inputs
+    for name in finding.wrong:
+        actual = finding.outputs[0 if name == "o" else 1]
+        hint = recognise_forward(actual, name, q, k, v, causal=s.get("causal", False), block_q=s["bq"],
+                                 block_k=s["bk"], scale=s.get("scale"), tol=_probe_tol(q.dtype))
+        if hint:
+            return hint
+    return None
+
+
+def diagnose_forward(actual: torch.Tensor, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
+                     scale: float | None, tol: float, where: bool = True, student: Any = None,
+                     ladder: Callable[[], "pb.Finding"] | None = None) -> str:
+    """Hint for a failed check of flash_forward's o (which="o") or lse (which="lse").
+
+    With `student` (or a `ladder`), the probes run first and lead the hint; the recognisers follow
+    (on the failed probe's inputs, else on the test's). where=False (hidden tests) leaves out the
+    rows/blocks sentence, which would reveal the inputs."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    correct = attention_reference(q, k, v, causal, scale)[0 if which == "o" else 1]
+    if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
+        return ""
+    masked = fully_masked_rows(nq, nk, causal)
+    place = _rows_place(actual, correct, tol=tol, which=which, n_rows=nq, block=block_q, masked=masked) if where else ""
+    finding = ladder() if ladder else pb.forward_ladder(student) if student is not None else None
+    rec = forward_probe_hint(finding) if finding else None
+    if rec is None and (finding is None or finding.failed is None):  # the probes localised nothing
+        rec = recognise_forward(actual, which, q, k, v, causal=causal, block_q=block_q, block_k=block_k,
+                                scale=scale, tol=tol)
+    if finding is None or (finding.failed is None and rec):  # a recogniser proved it on this test's inputs
+        return _compose(rec or HINT_FORWARD, place)
+    return _compose(finding.message(), rec, place)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -325,24 +438,31 @@ def _last_block_mask(visible: torch.Tensor, block_rows: int, block_cols: int) ->
     return out
 
 
-def masked_backward(q, k, v, o, lse, do, allowed: torch.Tensor, scale: float | None, *, d_mode: str = "correct",
-                    dq_scale: bool = True, dk_scale: bool = True, dq_only: torch.Tensor | None = None,
-                    dkdv_only: torch.Tensor | None = None):
-    """(dq, dk, dv) of attention given o and lse (§7.1–§7.3), P recomputed under `allowed`, with switches:
-    d_mode ("correct" | "rowsum_do" | "zero" | "do_dot_v"), a missing scale in dQ / dK, and dq_only /
-    dkdv_only masks that keep only some (query, key) contributions (an overwritten accumulator)."""
+def masked_backward(q, k, v, o, lse, do, allowed: torch.Tensor, scale: float | None, *, d_mode: str,
+                    dq_scale: int = 1, dk_scale: int = 1, dq_only: torch.Tensor | None = None,
+                    dkdv_only: torch.Tensor | None = None, ds_without_p: bool = False, block_k: int = 0):
+    """(dq, dk, dv) of a BUGGY backward given o and lse (§7.1-§7.3), P recomputed under `allowed`, with:
+    d_mode ("rowsum_do" | "zero" | "do_dot_v" | "tile": D from each K/V tile's rowsum(P ∘ dP) only |
+    "ok"), the power of the scale in dQ / dK (0 missing, 2 twice), dq_only / dkdv_only masks that keep only
+    some (query, key) contributions (an overwritten accumulator), dS without the P factor."""
     q, k, v, o, lse, do = (t.double() for t in (q, k, v, o, lse, do))
     sc = _scale(q, scale)
-    D = {"correct": lambda: (do * o).sum(-1), "rowsum_do": lambda: do.sum(-1),
-         "zero": lambda: torch.zeros_like(lse), "do_dot_v": lambda: (do * v).sum(-1)}[d_mode]()
     lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)  # P row = 0 there
     s = sc * q @ k.transpose(-1, -2)
     p = torch.exp(s - lse_safe.unsqueeze(-1)).masked_fill(~allowed, 0.0)
-    ds = p * (do @ v.transpose(-1, -2) - D.unsqueeze(-1))
+    dp = do @ v.transpose(-1, -2)
+    if d_mode == "tile":
+        D = torch.zeros_like(dp)
+        for j0 in range(0, k.shape[-2], block_k):
+            D[..., j0:j0 + block_k] = (p * dp)[..., j0:j0 + block_k].sum(-1, keepdim=True)
+    else:
+        D = {"ok": lambda: (do * o).sum(-1), "rowsum_do": lambda: do.sum(-1),
+             "zero": lambda: torch.zeros_like(lse), "do_dot_v": lambda: (do * v).sum(-1)}[d_mode]().unsqueeze(-1)
+    ds = (dp - D).masked_fill(~allowed, 0.0) if ds_without_p else p * (dp - D)
     ds_q = ds if dq_only is None else ds.masked_fill(~dq_only, 0.0)
     ds_k, p_v = (ds, p) if dkdv_only is None else (ds.masked_fill(~dkdv_only, 0.0), p.masked_fill(~dkdv_only, 0.0))
-    dq = (sc if dq_scale else 1.0) * ds_q @ k
-    dk = (sc if dk_scale else 1.0) * ds_k.transpose(-1, -2) @ q
+    dq = sc ** dq_scale * ds_q @ k
+    dk = sc ** dk_scale * ds_k.transpose(-1, -2) @ q
     return dq, dk, p_v.transpose(-1, -2) @ do
 
 
@@ -351,7 +471,8 @@ def backward_variants(q, k, v, o, lse, do, *, causal, block_q, block_k, scale):
     nq, nk = q.shape[-2], k.shape[-2]
     allowed = _mask(nq, nk, causal)
     blocks = dict(causal=causal, block_q=block_q, block_k=block_k)
-    run = lambda mask=allowed, **kw: masked_backward(q, k, v, o, lse, do, mask, scale, **kw)  # noqa: E731
+    def run(mask=allowed, d_mode="ok", **kw):
+        return masked_backward(q, k, v, o, lse, do, mask, scale, d_mode=d_mode, block_k=block_k, **kw)
     # The last K/V block each Q block computes (dQ overwritten), and the last Q block each K/V block sees.
     visible = block_mask(nq, nk, **blocks)
     last_kv = _last_block_mask(visible, block_q, block_k)
@@ -361,7 +482,13 @@ def backward_variants(q, k, v, o, lse, do, *, causal, block_q, block_k, scale):
         "D_zero": (run(d_mode="zero"), HINT_D),
         "dq_overwritten": (run(dq_only=last_kv), HINT_DQ_OVERWRITTEN),
         "dkdv_overwritten": (run(dkdv_only=last_q), HINT_DKDV_OVERWRITTEN),
-        "dq_dk_missing_scale": (run(dq_scale=False, dk_scale=False), HINT_DQDK_SCALE),
+        "dq_dk_missing_scale": (run(dq_scale=0, dk_scale=0), HINT_DQDK_SCALE),
+        "dq_missing_scale": (run(dq_scale=0), HINT_DQDK_SCALE),
+        "dk_missing_scale": (run(dk_scale=0), HINT_DQDK_SCALE),
+        "dk_scaled_twice": (run(dk_scale=2), HINT_SCALED_TWICE),
+        "dq_scaled_twice": (run(dq_scale=2), HINT_SCALED_TWICE),
+        "ds_without_p": (run(ds_without_p=True), HINT_DS_P),
+        "D_one_tile": (run(d_mode="tile"), HINT_D_TILE),
         "ragged_rows_dropped": (run(block_mask(nq, nk, **blocks, drop_ragged_rows=True)), HINT_RAGGED_Q),
         "ragged_keys_dropped": (run(block_mask(nq, nk, **blocks, drop_ragged_keys=True)), HINT_RAGGED_K),
     }
@@ -370,50 +497,70 @@ def backward_variants(q, k, v, o, lse, do, *, causal, block_q, block_k, scale):
     if causal:
         out["topleft_causal"] = (run(block_mask(nq, nk, **blocks, topleft=True)), HINT_TOPLEFT)
         out["diagonal_block_skipped"] = (run(block_mask(nq, nk, **blocks, skip_diagonal=True)), HINT_DIAGONAL)
+        out["causal_strict"] = (run(block_mask(nq, nk, **blocks, strict=True)), HINT_STRICT)
     return out
 
 
-def diagnose_backward(actual: torch.Tensor, which: str, q, k, v, o, lse, do, *, causal: bool, block_q: int,
-                      block_k: int, scale: float | None, tol: float, where: bool = True) -> str:
-    """Hint for a failed check of one gradient (which in "dq", "dk", "dv") of flash_backward."""
+def recognise_backward(actual: Any, which: str, q, k, v, o, lse, do, *, causal: bool, block_q: int,
+                       block_k: int, scale: float | None, tol: float) -> str | None:
+    """The hint of the known buggy backward whose `which` gradient `actual` matches, if any."""
     idx = {"dq": 0, "dk": 1, "dv": 2}[which]
-    kw = dict(causal=causal, block_q=block_q, block_k=block_k, scale=scale)
-    correct = masked_backward(q, k, v, o, lse, do, _mask(q.shape[-2], k.shape[-2], causal), scale)[idx]
+    correct = pb.reference_grads(q, k, v, do, causal, scale)[idx]
+    if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
+        return None
+    if torch.isnan(actual).any():
+        return HINT_BACKWARD_NAN
+    variants = {name: (grads[idx], hint) for name, (grads, hint) in
+                backward_variants(q, k, v, o, lse, do, causal=causal, block_q=block_q, block_k=block_k,
+                                  scale=scale).items()}
+    return _best_variant(actual, correct, variants, tol) or (HINT_BF16 if _sixteen_bit(actual, correct) else None)
+
+
+def backward_probe_hint(finding: "pb.Finding") -> str | None:
+    if finding.failed is None or finding.outputs is None:
+        return None
+    q, k, v, o, lse, do, s = finding.inputs
+    for name in finding.wrong:
+        hint = recognise_backward(finding.outputs[{"dq": 0, "dk": 1, "dv": 2}[name]], name, q, k, v, o, lse, do,
+                                  causal=s.get("causal", False), block_q=s["bq"], block_k=s["bk"],
+                                  scale=s.get("scale"), tol=_probe_tol(q.dtype))
+        if hint:
+            return hint
+    return None
+
+
+def diagnose_backward(actual: torch.Tensor, which: str, q, k, v, o, lse, do, *, causal: bool, block_q: int,
+                      block_k: int, scale: float | None, tol: float, where: bool = True, student: Any = None,
+                      finding: "pb.Finding | None" = None) -> str:
+    """Hint for a failed check of one gradient (which in "dq", "dk", "dv") of flash_backward.
+
+    With `student` the backward probes run first (or pass their `finding`, run once for the three gradients)."""
+    idx = {"dq": 0, "dk": 1, "dv": 2}[which]
+    correct = pb.reference_grads(q, k, v, do, causal, scale)[idx]
     if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
         return ""
     nq, nk = q.shape[-2], k.shape[-2]
-    if which == "dq":
-        place, tag = locate(actual, correct, tol=tol, row_dim=-2, n_rows=nq, block=block_q,
-                            masked_rows=fully_masked_rows(nq, nk, causal))
-    else:
-        place, tag = locate(actual, correct, tol=tol, row_dim=-2, n_rows=nk, block=block_k, noun="keys",
-                            block_name="K/V")
-    place = place if where else ""
-    if torch.isnan(actual).any():
-        return _compose(HINT_BACKWARD_NAN, place)
-    variants = {name: (grads[idx], hint) for name, (grads, hint) in
-                backward_variants(q, k, v, o, lse, do, **kw).items()}
-    hint = _best_variant(actual, correct, variants, tol)
-    if hint:
-        return _compose(hint, place)
-    if tag == "ragged":
-        return _compose(HINT_RAGGED_Q if which == "dq" else HINT_RAGGED_K, place)
-    return _compose(HINT_BACKWARD, place)
+    place = ""
+    if where:
+        if which == "dq":
+            place = _rows_place(actual, correct, tol=tol, which=which, n_rows=nq, block=block_q,
+                                masked=fully_masked_rows(nq, nk, causal))
+        else:
+            place = _rows_place(actual, correct, tol=tol, which=which, n_rows=nk, block=block_k, masked=None,
+                                noun="keys", block_name="K/V")
+    if finding is None and student is not None:
+        finding = pb.backward_ladder(student)
+    rec = backward_probe_hint(finding) if finding else None
+    if rec is None and (finding is None or finding.failed is None):  # the probes localised nothing
+        rec = recognise_backward(actual, which, q, k, v, o, lse, do, causal=causal, block_q=block_q,
+                                 block_k=block_k, scale=scale, tol=tol)
+    if finding is None or (finding.failed is None and rec):  # a recogniser proved it on this test's inputs
+        return _compose(rec or HINT_BACKWARD, place)
+    return _compose(finding.message(), rec, place)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Part 6: Flash-Decoding combine variants
-
-
-def _partial(q, k_seg, v_seg, scale):
-    """Reference partial (o_s, lse_s) in float64; an empty segment gives (0, -inf)."""
-    q, k_seg, v_seg = q.double(), k_seg.double(), v_seg.double()
-    if k_seg.shape[-2] == 0:
-        return (torch.zeros(*q.shape[:-1], v_seg.shape[-1], dtype=torch.float64),
-                torch.full(q.shape[:-1], -math.inf, dtype=torch.float64))
-    s = _scale(q, scale) * q @ k_seg.transpose(-1, -2)
-    lse = torch.logsumexp(s, -1)
-    return torch.softmax(s, -1) @ v_seg, lse
 
 
 def combine_variants(partials: list[tuple[torch.Tensor, torch.Tensor]], lengths: list[int] | None = None):
@@ -439,51 +586,83 @@ def combine_variants(partials: list[tuple[torch.Tensor, torch.Tensor]], lengths:
     return out
 
 
-def combine_reference(partials: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The correct ⊕ of (o_s, lse_s) partials in float64: weights exp(lse_s - lse), lse = logsumexp_s."""
-    os_ = torch.stack([p[0].double() for p in partials])
-    ls = torch.stack([p[1].double() for p in partials])
-    lse = torch.logsumexp(ls, 0)
-    w = torch.exp(ls - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)).unsqueeze(-1)
-    return (w * os_).sum(0), lse
-
-
-def diagnose_combine(actual: torch.Tensor, which: str, partials, *, tol: float,
-                     lengths: list[int] | None = None) -> str:
-    """Hint for a failed check of a combined (o, lse) given the partials that were combined."""
-    o, lse = combine_reference(partials)
-    correct = o if which == "o" else lse
-    if not isinstance(actual, torch.Tensor) or actual.shape != correct.shape:
-        return ""
+def recognise_combine(actual: Any, which: str, partials, expected: torch.Tensor, *, tol: float,
+                      lengths: list[int] | None = None) -> str | None:
+    """The hint of the known wrong combine that `actual` matches (expected: the exact combined value)."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+        return None
     if torch.isnan(actual).any():
         return HINT_EMPTY_SEGMENT
     idx = 0 if which == "o" else 1
     variants = {name: (out[idx], hint) for name, (out, hint) in combine_variants(partials, lengths).items()
                 if out[idx] is not None}
-    return _best_variant(actual, correct, variants, tol) or HINT_DECODE
+    return _best_variant(actual, expected, variants, tol)
+
+
+def diagnose_combine(actual: torch.Tensor, which: str, partials, expected: torch.Tensor, *, tol: float,
+                     lengths: list[int] | None = None, student: Any = None) -> str:
+    """Hint for a failed check of a combined (o, lse) given the partials that were combined.
+
+    With `student`, the combine probes run first; an lse that is wrong is named before o (the weights
+    exp(lse_s - lse) of o depend on it)."""
+    rec = recognise_combine(actual, which, partials, expected, tol=tol, lengths=lengths)
+    if student is None:
+        return rec or HINT_DECODE
+    finding = pb.combine_ladder(student)
+    return _compose(finding.message(), diagnose_combine_from_finding(finding) or rec)
 
 
 def diagnose_decode(actual: torch.Tensor, which: str, q, k, v, *, seg_lengths: list[int] | None,
-                    scale: float | None, tol: float) -> str:
+                    scale: float | None, tol: float, student: Any = None) -> str:
     """Hint for a failed check of flash_decode; seg_lengths are the student's split_kv segment lengths."""
     nk = k.shape[-2]
+    if seg_lengths and sum(seg_lengths) < nk:
+        return HINT_SEGMENT_DROPPED
+    expected = attention_reference(q, k, v, False, scale)[0 if which == "o" else 1]
+    parts = []
+    if student is not None:
+        for ladder in (pb.partial_ladder, pb.combine_ladder, pb.decode_ladder):
+            finding = ladder(student)
+            if finding.failed is not None:
+                parts.append(finding.message())
+                if ladder is pb.combine_ladder:
+                    parts.append(diagnose_combine_from_finding(finding))
+                break
+        else:
+            parts.append(f"{pb.NEUTRAL}: attention_partial, combine_partials and flash_decode are correct on "
+                         "every probe")
     if not seg_lengths or sum(seg_lengths) != nk:
-        if seg_lengths and sum(seg_lengths) < nk:
-            return HINT_SEGMENT_DROPPED
         seg_lengths = [nk]
     bounds = [0]
     for n in seg_lengths:
         bounds.append(bounds[-1] + n)
-    partials = [_partial(q, k[..., a:b, :], v[..., a:b, :], scale) for a, b in zip(bounds, bounds[1:])]
-    hint = diagnose_combine(actual, which, partials, tol=tol, lengths=seg_lengths)
-    if hint != HINT_DECODE:
-        return hint
-    # One segment left out of the combine.
+    partials = pb._seg_partials(q, k, v, seg_lengths, scale, torch.float64)
     idx = 0 if which == "o" else 1
-    correct = combine_reference(partials)[idx]
-    dropped = {f"without_{i}": (combine_reference(partials[:i] + partials[i + 1:])[idx], HINT_SEGMENT_DROPPED)
-               for i in range(len(partials)) if len(partials) > 1 and seg_lengths[i] > 0}
-    return _best_variant(actual, correct, dropped, tol) or HINT_DECODE
+    rec = recognise_combine(actual, which, partials, expected, tol=tol, lengths=seg_lengths)
+    if rec is None and len(partials) > 1:
+        # One segment left out of the combine: the dense attention of the other keys.
+        dropped = {}
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            if b > a and nk - (b - a) > 0:
+                keep = torch.cat([k[..., :a, :], k[..., b:, :]], -2), torch.cat([v[..., :a, :], v[..., b:, :]], -2)
+                dropped[f"without_{i}"] = (attention_reference(q, *keep, False, scale)[idx], HINT_SEGMENT_DROPPED)
+        rec = _best_variant(actual, expected, dropped, tol)
+    if student is None:
+        return rec or HINT_DECODE
+    return _compose(*parts, rec) or HINT_DECODE
+
+
+def diagnose_combine_from_finding(finding: "pb.Finding") -> str | None:
+    if finding.outputs is None or sum(finding.inputs[1]) == 0:
+        return None
+    partials, lengths = finding.inputs
+    for name in sorted(finding.wrong, key=lambda n: n != "lse"):
+        hit = recognise_combine(finding.outputs[0 if name == "o" else 1], name, partials,
+                                finding.expected[0 if name == "o" else 1], tol=_probe_tol(partials[0][0].dtype),
+                                lengths=lengths)
+        if hit:
+            return hit
+    return None
 
 
 # Other parts: add your recognisers below, prefixed with your part (e.g. part5_...).

@@ -21,11 +21,15 @@ VALUES = [
     AttnCase((1, 2), 70, 70, 8, causal=True, block_q=32, block_k=32, dtype="float64"),  # float64 is tight
 ]
 MASKED = [AttnCase((2,), 203, 113, 16, causal=True, block_q=32, block_k=32)]
-TRACE = [AttnCase((2,), 256, 256, 16, causal=True, block_q=32, block_k=32)]  # 36 of 64 pairs, ×2.5
+TRACE = [
+    AttnCase((2,), 256, 256, 16, causal=True, block_q=32, block_k=32),  # 36 of 64 pairs, ×2.5
+    AttnCase((2,), 200, 236, 16, causal=True, block_q=48, block_k=32),  # block_q ≠ block_k, offset 36 unaligned
+]
 FUNCTION = [
     AttnCase((2,), 150, 150, 16, causal=True),  # default blocks 64: ragged third block
     AttnCase((2,), 203, 113, 16, causal=True),  # fully masked rows through autograd
 ]
+APPLY = [AttnCase((2,), 96, 80, 16, causal=True, block_q=32, block_k=16, scale=0.3)]  # scale through the Function
 SAVES = [AttnCase((2,), 128, 128, 16, causal=True, block_q=32, block_k=32)]
 GRADCHECK = [
     AttnCase((1,), 9, 7, 4, causal=True, block_q=4, block_k=3, dtype="float64"),  # Nq > Nk, masked rows
@@ -51,6 +55,11 @@ def test_backward_trace(student, case):
 @cases(*FUNCTION)
 def test_function_grads(student, case):
     C.check_function_grads(student, case, hidden=student.hidden)
+
+
+@cases(*APPLY)
+def test_function_apply_scale(student, case):
+    C.check_function_apply(student, case, hidden=student.hidden)
 
 
 @cases(*SAVES)

@@ -33,6 +33,11 @@ def test_generate_60_prompts_recompute(student, case):
     C.check_generate(student, **case, use_cache=False)
 
 
+@cases(dict(seed=3, n=2, max_new_tokens=4, dtype="float64"))  # a float64 model needs a float64 cache
+def test_generate_float64_model(student, case):
+    C.check_generate(student, **case, use_cache=True)
+
+
 @cases()  # hidden cases only: more prompts
 def test_generate_other_prompts(student, case):
     C.check_generate(student, **case, use_cache=True)

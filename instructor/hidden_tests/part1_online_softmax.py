@@ -35,5 +35,6 @@ HIDDEN = {
     "test_pass_counts": [dict(which="naive", n=1, seed=120), dict(which="safe", n=4096, seed=121),
                          dict(which="online", n=4096, seed=122)],
     "test_rebase_count": [dict(n=4096, seed=123, order="random"), dict(n=300, seed=124, order="increasing"),
-                          dict(n=300, seed=125, order="decreasing"), dict(n=1, seed=126, order="random")],
+                          dict(n=300, seed=125, order="decreasing"), dict(n=1, seed=126, order="random"),
+                          dict(n=500, seed=127, order="ties")],
 }

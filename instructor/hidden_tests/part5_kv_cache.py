@@ -19,6 +19,7 @@ UNITS = [
 HIDDEN = {
     "test_cached_logits_every_step": CACHE,
     "test_generate_other_prompts": [dict(seed=7, n=40, max_new_tokens=10)],
+    "test_generate_float64_model": [dict(seed=8, n=3, max_new_tokens=6, dtype="float64")],
     "test_generate_batched": [dict(seed=302, batch=2), dict(seed=305, batch=5)],
     "test_cache_update_and_length": UNITS,
     "test_cache_errors": [dict(unit=UNITS[0], prefill=7, names=("overflow", "overflow_layer1", "wrong_head_dim",

@@ -1,0 +1,105 @@
+"""Every tolerance rule of the assignment tests, in one place, each with its rounding argument.
+
+u = eps/2 is the unit roundoff of the result's dtype (float32: 6.0e-8, float64: 1.1e-16).
+
+1. The plain-error rule (values of parts 2, 3, 4, 6 against course.reference's float64 attention):
+       max|actual - expected| <= factor · max|plain - expected| + atol
+   where `plain` is the same math in the input dtype (course.reference.attention_plain). This is
+   FlashAttention's own rule. A tiled forward reorders the row sums of P̃ and P̃V into per-block
+   partial sums and rescales them by exp(m_old - m_new) once per K/V block: every entry of o and
+   lse is a sum of the same Nk terms as plain's, with at most ⌈Nk/B_c⌉ extra roundings of the
+   running (ℓ, acc). Measured on this course's code, correct tiled code sits at 0.55-1.3× plain's
+   error, the known bugs at 10^5-10^7×. FORWARD_FACTOR = 2 for o and lse.
+   Gradients: dS = P ∘ (dP - D) subtracts two nearly equal O(1) terms and P is recomputed from the
+   given (rounded) L, so a correct backward's error is up to ~2× plain's; GRADIENT_FACTOR = 3.
+2. atol: DEFAULT_ATOL = 1e-6 in float32 (the plain error of an entry that happens to be exact is 0;
+   1e-6 is 17 u on O(1) values). FLOAT64_ATOL = 1e-10 in float64: reordering n additions changes a
+   float64 sum by at most n·u relative (1e-13 for n = 1000 on O(1) values), 1000× headroom, while
+   every catalogued bug is off by more than 1e-4.
+3. Softmax (part 1, any summation order): |Δp| <= atol + softmax_rtol(n)·p with
+   softmax_rtol = 4(n+2)·eps = 8(n+2)·u: recursive summation of n positive terms is (n-1)·u
+   relative, exp ~u per term, each rebase ~2u, the division u.
+4. online_summary's ℓ: the same sequential-sum bound, summary_rtol(n) = 4(n+2)·eps, atol 0; its m
+   (a maximum) is exact: atol = rtol = 0.
+5. ⊕ of two summaries: 2 exps, 2 products and 1 sum of positive terms; the rounding of m_a - m adds at
+   most u·|Δ|·e^(-Δ) <= u/e relative. MERGE_RTOL = 64·eps on ℓ, and for o (mixed signs) the same bound
+   on the absolute error scaled by max(|o_a|·α + |o_b|·β). Associativity compares two groupings:
+   2 × MERGE_RTOL.
+6. combine_partials against dense attention over the whole key range, given partials rounded to
+   dtype (combine_bounds): lse_s carries u·|lse_s| from its rounding, logsumexp over S terms adds
+   (S + 3)·u·max(1, |lse|); o_s carries u·|o_s| and its weight exp(lse_s - lse) the errors of lse_s and
+   lse; Σ_s w_s = 1 keeps the sum within max|o_s|. Both bounds ×2, + atol.
+8. KV-cache logits (part 5) against the float64 uncached model: float32 at most KV_CACHE_FACTOR × the
+   float32 uncached model's error + KV_CACHE_ATOL32; float64 FLOAT64_ATOL (reordering ~100 additions of
+   O(10) values moves ~1e-13). Measured on the committed checkpoint (logits up to ~30), 150 cases
+   (30 seeds × 5 chunk patterns): the float32 uncached model is off the float64 one by ~7e-6, a correct
+   float32 cache by up to 3.5e-5 (up to 4× plain: its matmuls have other shapes, so other summation
+   orders); the layer-0 regression is off by >= 4.1e-2 on every case, the top-left mask by >= 14. The
+   bound 10 × plain + 1e-4 (~1.7e-4) is 5× above the worst correct cache, 240× below the smallest bug.
+7. gradcheck (float64, central differences with eps 1e-6 on O(1) values): accurate to ~1e-9; the
+   solution measures <= 1e-9, every catalogued gradient bug is off by more than 1e-2: GRADCHECK_MAX_ERR.
+"""
+from __future__ import annotations
+
+import torch
+
+FLOAT64_ATOL = 1e-10
+DEFAULT_ATOL = 1e-6
+FORWARD_FACTOR = 2.0  # o and lse of every attention forward (parts 2, 3, 4's Function, 6)
+GRADIENT_FACTOR = 3.0  # dq, dk, dv (part 4)
+MERGE_EPS = 64  # ⊕ of two summaries / partials: MERGE_EPS · eps relative
+IDENTITY_EPS = 4  # a ⊕ identity = a: a few roundings at most
+GRADCHECK_MAX_ERR = 1e-6
+KV_CACHE_FACTOR = 10.0
+KV_CACHE_ATOL32 = 1e-4
+
+
+def eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+def atol_for(dtype: torch.dtype) -> float:
+    return FLOAT64_ATOL if dtype == torch.float64 else DEFAULT_ATOL
+
+
+def softmax_rtol(n: int, dtype: torch.dtype) -> float:
+    """Rule 3: relative bound on a softmax over n entries computed with any summation order."""
+    return 4 * (n + 2) * eps(dtype)
+
+
+def summary_rtol(n: int, dtype: torch.dtype) -> float:
+    """Rule 4: relative bound on ℓ = Σ_j exp(x_j - m) summed sequentially with up to n rebases."""
+    return 4 * (n + 2) * eps(dtype)
+
+
+def merge_rtol(dtype: torch.dtype) -> float:
+    """Rule 5: relative bound on ℓ (and scaled-absolute on o) of one ⊕."""
+    return MERGE_EPS * eps(dtype)
+
+
+def plain_bound(plain_err: float, factor: float, dtype: torch.dtype) -> float:
+    """Rule 1 + 2: the bound check_close applies for a plain error plain_err."""
+    return factor * plain_err + atol_for(dtype)
+
+
+def combine_bounds(partials: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+    """Rule 6: (bound on |Δo|, bound on |Δlse|) of a correct combine of these rounded partials."""
+    dt = partials[0][0].dtype
+    u = eps(dt) / 2
+    n = len(partials)
+    lses = torch.stack([p[1].double() for p in partials])
+    finite = lses[torch.isfinite(lses)]
+    big_l = float(finite.abs().max()) if finite.numel() else 0.0
+    big_o = max((float(p[0].double().abs().max()) if p[0].numel() else 0.0) for p in partials)
+    lse_err = u * (big_l + (n + 3) * max(1.0, big_l))
+    o_err = big_o * (u + 2 * (lse_err + u * big_l) + (n + 3) * u)
+    return 2 * o_err + atol_for(dt), 2 * lse_err + atol_for(dt)
+
+
+def finite_max_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| over the entries where expected is finite (0 if none)."""
+    finite = torch.isfinite(expected)
+    err = (actual.double() - expected.double()).abs()[finite]
+    return float(err.max()) if err.numel() else 0.0
+
+

@@ -1,0 +1,598 @@
+"""Diagnosis by invariants: after a check fails, a ladder of small probe calls finds where the
+student's result first departs from course.reference's float64 dense attention.
+
+Each rung changes ONE thing against the rungs before it (one tile -> several K/V blocks -> several
+Q blocks -> a ragged last block -> ... -> causal -> Nq != Nk -> float32 -> peaked scores). The first
+rung whose result is wrong, after every earlier rung was right, proves where the bug lives:
+
+    "correct with one K/V block, wrong with 4 K/V blocks (o and lse wrong): the merge across K/V
+     blocks, i.e. the rescale of acc and ℓ by exp(m_old - m_new) when the row max grows (§5.1)"
+
+A hint is given only when a probe proves it; when every probe passes, the message says so and
+names nothing (the failure then depends on the test's own inputs). Probes run only after a check
+failed (no cost for passing code), on judge-chosen inputs that are not the test's inputs, so a
+hidden test's message reveals nothing of its inputs. Nothing here implements a graded function:
+every expected value is course.reference's dense float64 attention (which ships anyway) or torch
+autograd through it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from autograder.engine import tolerances as tol
+from autograder.engine.checks import CheckFailure, check_close
+from autograder.engine.errors import StudentError
+from course.reference import attention_plain, attention_reference
+
+# A probe whose call crashes or times out stops the ladder: another call would cost another loss.
+_STOP_KINDS = {"timeout", "crash", "exit", "memory", "gave_up", "refused", "missing", "import", "output"}
+NEUTRAL = "the probes found no smaller input that fails"  # the prefix of every message that names nothing
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One probe input: `label` says what is new against the rungs before it; `implies` is what a
+    first failure here proves (the part of the algorithm that handles exactly that)."""
+
+    label: str
+    spec: dict[str, Any]
+    implies: str
+    # per-output refinements: {frozenset of wrong outputs: text}, checked before `implies`
+    refine: dict[frozenset, str] = field(default_factory=dict)
+
+
+@dataclass
+class Finding:
+    passed: list[Rung]
+    failed: Rung | None
+    wrong: list[str]  # outputs that were wrong on the failed rung ("o", "lse", "dq", ...)
+    raised: str | None = None  # the one-line error, if the probe call raised
+    outputs: Any = None  # what the student returned on the failed rung
+    inputs: Any = None  # the inputs of the failed rung
+    expected: Any = None  # the expected outputs there, where the ladder keeps them
+
+    def message(self) -> str:
+        if self.failed is None:
+            n = len(self.passed)
+            return f"{NEUTRAL}: all {n} probes (one tile up to causal, ragged, Nq ≠ Nk, float32) are correct"
+        before = f"correct with {self.passed[-1].label}, " if self.passed else ""
+        if self.raised:
+            return f"{before}raises with {self.failed.label} ({self.raised}): {self.failed.implies}"
+        which = " and ".join(self.wrong) + " wrong"
+        text = self.failed.refine.get(frozenset(self.wrong), self.failed.implies)
+        return f"{before}wrong with {self.failed.label} ({which}): {text}"
+
+
+def _close(actual: Any, expected: torch.Tensor, plain: torch.Tensor | None, factor: float) -> bool:
+    try:
+        check_close(actual, expected, what="probe", plain=plain, factor=factor,
+                    dtype=plain.dtype if plain is not None else None)
+        return True
+    except CheckFailure:
+        return False
+
+
+def climb(rungs: list[Rung], run_one: Callable[[Rung], tuple[list[str], Any, Any]]) -> Finding:
+    """Run the rungs in order until one is wrong. run_one returns (wrong outputs, outputs, inputs)."""
+    passed: list[Rung] = []
+    for rung in rungs:
+        try:
+            wrong, outputs, inputs, *expected = run_one(rung)
+        except StudentError as e:
+            return Finding(passed, rung, [], raised=str(e) if e.kind not in _STOP_KINDS else e.kind)
+        except CheckFailure as e:  # wrong return type/shape on the probe
+            return Finding(passed, rung, [], raised=e.what + (f": {e.detail}" if e.detail else ""))
+        if wrong:
+            return Finding(passed, rung, wrong, outputs=outputs, inputs=inputs,
+                           expected=expected[0] if expected else None)
+        passed.append(rung)
+    return Finding(passed, None, [])
+
+
+def _tensors(lead, shapes, seed, dtype, mult=1.0):
+    g = torch.Generator().manual_seed(seed)
+    out = [torch.randn(*lead, *s, generator=g, dtype=torch.float64) for s in shapes]
+    out[0] = out[0] * mult
+    return [t.to(dtype) for t in out]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parts 2 and 3: the forward ladder
+
+_RESCALE = ("the merge across K/V blocks: when the row max grows, acc and ℓ must be rescaled by "
+            "exp(m_old - m_new) (the rescale factor, not its inverse), and acc divided by ℓ once at the end (§5.1)")
+FORWARD_RUNGS = [
+    Rung("one full tile (Nq = Nk = 16, blocks 16)", dict(nq=16, nk=16, bq=16, bk=16),
+         "the math inside one tile: S = scale·q kᵀ (scale=None means 1/√d), P̃ = exp(S - rowmax), "
+         "o = P̃V / rowsum P̃, lse = m + log ℓ in natural log",
+         {frozenset({"lse"}): "lse within one tile: lse = m + log ℓ, natural log, m included (§5.1)",
+          frozenset({"o"}): "o within one tile: o = P̃V / ℓ, P̃V divided by the row sum ℓ once (lse is right, so S, m "
+                            "and ℓ are)"}),
+    Rung("one Q block and 4 K/V blocks (Nq 16, Nk 64, blocks 16)", dict(nq=16, nk=64, bq=16, bk=16, mult=3.0),
+         _RESCALE,
+         {frozenset({"o"}): "the merge across K/V blocks: acc must be rescaled by exp(m_old - m_new) with ℓ (§5.1); "
+                            "ℓ and lse are right, so only acc misses the factor (or is divided more than once)",
+          frozenset({"lse"}): "lse across K/V blocks: lse = m + log ℓ with the FINAL m and ℓ of the row (§5.1)"}),
+    Rung("4 Q blocks (Nq = Nk = 64, blocks 16)", dict(nq=64, nk=64, bq=16, bk=16),
+         "the loop over Q blocks: reset m, ℓ, acc for every Q block and write its rows i0..i1 of o and lse"),
+    Rung("block_q ≠ block_k (Nq = Nk = 64, block_q 32, block_k 16)", dict(nq=64, nk=64, bq=32, bk=16),
+         "block_q sizes the Q blocks and block_k the K/V blocks: a loop uses the other one"),
+    Rung("a ragged last K/V block (Nk = 56, block_k 16)", dict(nq=64, nk=56, bq=16, bk=16),
+         "the ragged last K/V block: loop j0 over range(0, Nk, block_k) and slice keys j0:min(j0 + block_k, Nk)"),
+    Rung("a ragged last Q block (Nq = 56, block_q 16)", dict(nq=56, nk=64, bq=16, bk=16),
+         "the ragged last Q block: loop i0 over range(0, Nq, block_q) and let the last block be shorter"),
+    Rung("N = 1 (a single tile shorter than the blocks)", dict(nq=1, nk=1, bq=16, bk=16),
+         "a tile shorter than the blocks on both sides: slice rows i0:min(i0 + block_q, Nq) and keys "
+         "j0:min(j0 + block_k, Nk), never assume a full block"),
+    Rung("an explicit scale (scale = 0.3)", dict(nq=32, nk=32, bq=16, bk=16, scale=0.3),
+         "the scale argument: S = scale · q kᵀ with the given scale; only scale=None means 1/√d"),
+    Rung("leading dims (2, 3)", dict(lead=(2, 3), nq=32, nk=32, bq=16, bk=16),
+         "leading dims: fold every leading dim into one batch dim (reshape(-1, N, d)) and restore them at the end"),
+    Rung("no leading dim (q of shape (Nq, d))", dict(lead=(), nq=32, nk=32, bq=16, bk=16),
+         "q, k, v may have no leading dim at all: (Nq, d)"),
+    Rung("causal, one tile (Nq = Nk = 16)", dict(nq=16, nk=16, bq=16, bk=16, causal=True),
+         "the element-wise causal mask: query i sees key j iff j <= i (here Nq = Nk); masked scores are -inf "
+         "before the max and the exp"),
+    Rung("causal, several blocks (Nq = Nk = 64, blocks 16)", dict(nq=64, nk=64, bq=16, bk=16, causal=True),
+         "causal across blocks: mask with GLOBAL indices (i0 + r, j0 + c), compute and mask the diagonal block, "
+         "skip only K/V blocks entirely above the diagonal (§6.2)"),
+    Rung("causal with Nq < Nk (Nq 32, Nk 64)", dict(nq=32, nk=64, bq=16, bk=16, causal=True),
+         "bottom-right causal alignment: query i sees key j iff j <= i + (Nk - Nq), not j <= i (§6.2)"),
+    Rung("causal with Nq > Nk (Nq 64, Nk 40: rows that see no key, one Q block half of them)",
+         dict(nq=64, nk=40, bq=16, bk=8, causal=True),
+         "rows that attend no key (causal, Nq > Nk): guard exp(-inf - (-inf)) and ℓ = 0 so they get o = 0, "
+         "lse = -inf and no NaN (§4.4); the offset Nk - Nq is negative here"),
+    Rung("causal, ragged, block_q ≠ block_k (Nq 56, Nk 72, block_q 32, block_k 16)",
+         dict(nq=56, nk=72, bq=32, bk=16, causal=True),
+         "causal skipping with ragged blocks and an offset Nk - Nq that is not a multiple of the blocks: the last "
+         "visible K/V block of Q block [i0, i1) is the one holding key i1 - 1 + (Nk - Nq)"),
+    Rung("float32 (Nq = Nk = 64, blocks 16)", dict(nq=64, nk=64, bq=16, bk=16, dtype=torch.float32),
+         "float32 precision: keep every step in the input dtype (or wider), no float16/bfloat16 step, and return "
+         "o and lse in q's dtype"),
+    Rung("peaked float32 scores (q × 40)", dict(nq=64, nk=64, bq=16, bk=16, dtype=torch.float32, mult=40.0),
+         "large scores: subtract the running max before exp so no exponent is > 0 (§4.2), and rescale with "
+         "exp(m_old - m_new) <= 1"),
+]
+KERNEL_SKIP = {"an explicit scale (scale = 0.3)", "no leading dim (q of shape (Nq, d))",
+               "N = 1 (a single tile shorter than the blocks)"}
+
+
+def forward_inputs(spec: dict[str, Any], seed: int = 7):
+    lead = spec.get("lead", (2,))
+    dtype = spec.get("dtype", torch.float64)
+    d = spec.get("d", 8)
+    return _tensors(lead, [(spec["nq"], d), (spec["nk"], d), (spec["nk"], d)], seed, dtype, spec.get("mult", 1.0))
+
+
+def _wrong_forward(o, lse, q, k, v, causal, scale) -> list[str]:
+    ref_o, ref_lse = attention_reference(q, k, v, causal, scale)
+    plain_o, plain_lse = attention_plain(q, k, v, causal, scale)
+    f = tol.FORWARD_FACTOR
+    return [n for n, a, e, p in (("o", o, ref_o, plain_o), ("lse", lse, ref_lse, plain_lse)) if not _close(a, e, p, f)]
+
+
+def _pair(result: Any) -> tuple[Any, Any]:
+    if type(result) not in (tuple, list) or len(result) < 2:
+        raise CheckFailure("the probe's result is (o, lse)", detail=f"got a {type(result).__name__}")
+    return result[0], result[1]
+
+
+def forward_ladder(student) -> Finding:
+    """flash_forward on FORWARD_RUNGS."""
+    def one(r: Rung):
+        s = r.spec
+        q, k, v = forward_inputs(s)
+        causal, scale = s.get("causal", False), s.get("scale")
+        o, lse = _pair(student.call("flash_forward.flash_forward", q, k, v, causal=causal, block_q=s["bq"],
+                                    block_k=s["bk"], scale=scale))
+        return _wrong_forward(o, lse, q, k, v, causal, scale), (o, lse), (q, k, v, s)
+    return climb(FORWARD_RUNGS, one)
+
+
+def kernel_ladder(run_case: Callable[..., dict]) -> Finding:
+    """The same ladder through the part-3 kernel: run_case(nq, nk, d, causal, block_rows, block_cols, lead, q_mult)
+    runs the student's kernel through the part-3 check path and returns its {"o", "lse"}. The kernel is float32
+    with scale 1/√d; block_rows must be a multiple of 8."""
+    rungs = [r for r in FORWARD_RUNGS if r.label not in KERNEL_SKIP and r.spec.get("dtype") is not torch.float32]
+    rungs = [Rung(r.label.replace("block_q", "block_rows").replace("block_k", "block_cols"), r.spec, r.implies, r.refine)
+             for r in rungs]
+
+    def one(r: Rung):
+        s = r.spec
+        lead = s.get("lead", (2,))
+        out = run_case(nq=s["nq"], nk=s["nk"], d=8, causal=s.get("causal", False), block_rows=s["bq"],
+                       block_cols=s["bk"], lead=lead, q_mult=s.get("mult", 1.0))
+        q, k, v = out["qkv"]
+        return _wrong_forward(out["o"], out["lse"], q, k, v, s.get("causal", False), None), (out["o"], out["lse"]), \
+            (q, k, v, s)
+    return climb(rungs, one)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 4: the backward ladder
+
+BACKWARD_RUNGS = [
+    Rung("one full tile (Nq = Nk = 16, blocks 16)", dict(nq=16, nk=16, bq=16, bk=16),
+         "the tile math of §7.1-§7.3: P = exp(scale·Q Kᵀ - L), dV = Pᵀ dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), "
+         "dS = P ∘ (dP - D), dQ = scale·dS K, dK = scale·dSᵀ Q",
+         {frozenset({"dv"}): "dV = Pᵀ dO with P = exp(scale·Q Kᵀ - L) recomputed from lse (§7.2)",
+          frozenset({"dq", "dk"}): "dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), and the scale once in dQ = scale·dS K "
+                                   "and dK = scale·dSᵀ Q (dV is right, so P is)",
+          frozenset({"dq"}): "dQ = scale · dS K (dK and dV are right, so dS is)",
+          frozenset({"dk"}): "dK = scale · dSᵀ Q, the scale once (dQ and dV are right, so dS is)"}),
+    Rung("one Q block and 4 K/V blocks (Nq 16, Nk 64, blocks 16)", dict(nq=16, nk=64, bq=16, bk=16),
+         "the loop over K/V blocks: dQ_i accumulates every K/V block's scale·dS K_j (+=, never =), and D_i is "
+         "rowsum(dO_i ∘ O_i) over the whole row, not one tile's (§7.3, §7.4)",
+         {frozenset({"dq"}): "dQ_i accumulates over all K/V blocks: dQ_i += scale·dS_ij K_j, never overwritten (§7.4)"}),
+    Rung("4 Q blocks and one K/V block (Nq 64, Nk 16, blocks 16)", dict(nq=64, nk=16, bq=16, bk=16),
+         "the loop over Q blocks: dK_j and dV_j accumulate every Q block's contribution (+=, never =) (§7.4)",
+         {frozenset({"dk", "dv"}): "dK_j and dV_j accumulate over all Q blocks (dK_j += …, dV_j += P_ijᵀ dO_i); "
+                                   "never overwritten (§7.4)"}),
+    Rung("4 × 4 blocks (Nq = Nk = 64, blocks 16)", dict(nq=64, nk=64, bq=16, bk=16),
+         "the two loops together: each (Q block, K/V block) pair once, dQ, dK, dV accumulated across pairs"),
+    Rung("block_q ≠ block_k (Nq = Nk = 64, block_q 32, block_k 16)", dict(nq=64, nk=64, bq=32, bk=16),
+         "block_q sizes the Q blocks and block_k the K/V blocks: a loop uses the other one"),
+    Rung("a ragged last K/V block (Nk = 56, block_k 16)", dict(nq=64, nk=56, bq=16, bk=16),
+         "the ragged last K/V block: loop j0 over range(0, Nk, block_k) and slice keys j0:min(j0 + block_k, Nk)"),
+    Rung("a ragged last Q block (Nq = 56, block_q 16)", dict(nq=56, nk=64, bq=16, bk=16),
+         "the ragged last Q block: loop i0 over range(0, Nq, block_q) and let the last block be shorter"),
+    Rung("an explicit scale (scale = 0.3)", dict(nq=32, nk=32, bq=16, bk=16, scale=0.3),
+         "the scale argument: S = scale·Q Kᵀ, dQ = scale·dS K, dK = scale·dSᵀ Q with the given scale"),
+    Rung("leading dims (2, 3)", dict(lead=(2, 3), nq=32, nk=32, bq=16, bk=16),
+         "leading dims: fold every leading dim into one batch dim and restore them at the end"),
+    Rung("causal, one tile (Nq = Nk = 16)", dict(nq=16, nk=16, bq=16, bk=16, causal=True),
+         "the element-wise causal mask: key j is visible to query i iff j <= i (the diagonal included); "
+         "P = 0 where masked"),
+    Rung("causal, several blocks (Nq = Nk = 64, blocks 16)", dict(nq=64, nk=64, bq=16, bk=16, causal=True),
+         "causal across blocks: mask with GLOBAL indices, compute the diagonal blocks, skip only block pairs "
+         "entirely above the diagonal (§6.2)"),
+    Rung("causal with Nq < Nk (Nq 32, Nk 64)", dict(nq=32, nk=64, bq=16, bk=16, causal=True),
+         "bottom-right causal alignment: query i sees key j iff j <= i + (Nk - Nq), not j <= i (§6.2)"),
+    Rung("causal with Nq > Nk (Nq 64, Nk 40: rows that see no key, one Q block half of them)",
+         dict(nq=64, nk=40, bq=16, bk=8, causal=True),
+         "rows with lse = -inf (they attend no key): guard exp(S - L) so their P row is 0, no NaN; the offset "
+         "Nk - Nq is negative here"),
+    Rung("causal, ragged, block_q ≠ block_k (Nq 56, Nk 72, block_q 32, block_k 16)",
+         dict(nq=56, nk=72, bq=32, bk=16, causal=True),
+         "causal skipping with ragged blocks and an offset that is not a multiple of the blocks: the first Q "
+         "block that sees K/V block [j0, j1) holds row j0 - (Nk - Nq)"),
+    Rung("float32 (Nq = Nk = 64, blocks 16)", dict(nq=64, nk=64, bq=16, bk=16, dtype=torch.float32),
+         "float32 precision: keep every step in the input dtype (or wider) and return the input's dtype"),
+]
+
+
+def backward_inputs(spec: dict[str, Any], seed: int = 11):
+    lead = spec.get("lead", (2,))
+    dtype = spec.get("dtype", torch.float64)
+    d = 8
+    q, k, v, do = _tensors(lead, [(spec["nq"], d), (spec["nk"], d), (spec["nk"], d), (spec["nq"], d)], seed, dtype)
+    return q, k, v, do
+
+
+def reference_grads(q, k, v, do, causal, scale, dtype=torch.float64):
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
+    fn = attention_reference if dtype == torch.float64 else attention_plain
+    o, _ = fn(*leaves, causal, scale)
+    return list(torch.autograd.grad(o, leaves, do.to(dtype)))
+
+
+def backward_ladder(student) -> Finding:
+    """flash_backward on BACKWARD_RUNGS, given the reference o and lse (as the tests give them)."""
+    def one(r: Rung):
+        s = r.spec
+        q, k, v, do = backward_inputs(s)
+        causal, scale = s.get("causal", False), s.get("scale")
+        o, lse = attention_reference(q, k, v, causal, scale)
+        grads = student.call("flash_backward.flash_backward", q, k, v, o.to(q.dtype), lse.to(q.dtype), do,
+                             causal=causal, block_q=s["bq"], block_k=s["bk"], scale=scale)
+        if type(grads) not in (tuple, list) or len(grads) != 3:
+            raise CheckFailure("the probe's result is (dq, dk, dv)", detail=f"got a {type(grads).__name__}")
+        ref = reference_grads(q, k, v, do, causal, scale)
+        plain = reference_grads(q, k, v, do, causal, scale, q.dtype)
+        wrong = [n for n, a, e, p in zip(("dq", "dk", "dv"), grads, ref, plain)
+                 if not _close(a, e, p, tol.GRADIENT_FACTOR)]
+        return wrong, grads, (q, k, v, o, lse, do, s)
+    return climb(BACKWARD_RUNGS, one)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 6: combine, partial and decode ladders (expected: dense attention over the whole key range)
+
+def _seg_partials(q, k, v, lengths, scale, dtype):
+    """Exact partials (float64 dense attention per segment, (0, -inf) when empty), cast to dtype."""
+    out, a = [], 0
+    for n in lengths:
+        if n == 0:
+            out.append((torch.zeros(*q.shape[:-1], v.shape[-1], dtype=dtype),
+                        torch.full(q.shape[:-1], -math.inf, dtype=dtype)))
+        else:
+            o, lse = attention_reference(q, k[..., a:a + n, :], v[..., a:a + n, :], False, scale)
+            out.append((o.to(dtype), lse.to(dtype)))
+        a += n
+    return out
+
+
+COMBINE_RUNGS = [
+    Rung("one partial (combine of a single segment is that segment)", dict(lengths=[12]),
+         "⊕ over one segment returns it unchanged: lse = lse_1, o = o_1"),
+    Rung("two equal segments", dict(lengths=[6, 6]),
+         "⊕: lse = log Σ_s exp(lse_s) and o = Σ_s exp(lse_s - lse) o_s (§4.4, §8.4): weight each normalised "
+         "o_s by its share of the softmax mass",
+         {frozenset({"lse"}): "the combined lse is log Σ_s exp(lse_s) (computed stably around max_s lse_s), §4.4",
+          frozenset({"o", "lse"}): "the combined lse is log Σ_s exp(lse_s) (stably, around max_s lse_s), and each o_s "
+                                   "is weighted by exp(lse_s - lse) (§4.4, §8.4)"}),
+    Rung("three unequal segments with peaked scores", dict(lengths=[2, 7, 3], mult=20.0),
+         "⊕ with very different lse_s: compute around the max (lse = max + log Σ exp(lse_s - max)) and weight by "
+         "exp(lse_s - lse), not by segment length or 1/S (§4.4)"),
+    Rung("an empty segment among them (o = 0, lse = -inf)", dict(lengths=[5, 0, 7]),
+         "an empty segment (o = 0, lse = -inf) is the identity of ⊕: its weight exp(-inf - lse) = 0, no NaN (§4.4)"),
+    Rung("every segment empty", dict(lengths=[0, 0], nk=0),
+         "every segment empty: the result is o = 0, lse = -inf with no NaN; guard exp(lse_s - lse) when lse = -inf"),
+    Rung("float32 partials", dict(lengths=[6, 6], dtype=torch.float32, mult=20.0),
+         "float32: keep the combine in the partials' dtype (or wider) and return it"),
+]
+
+
+def combine_ladder(student) -> Finding:
+    def one(r: Rung):
+        s = r.spec
+        lengths = s["lengths"]
+        nk = sum(lengths)
+        dtype = s.get("dtype", torch.float64)
+        q, k, v = _tensors((2,), [(1, 8), (nk, 8), (nk, 8)], 5, torch.float64, s.get("mult", 1.0))
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+        partials = _seg_partials(q, k, v, lengths, None, dtype)
+        o, lse = _pair(student.call("flash_decoding.combine_partials", partials))
+        if nk == 0:
+            ok_o = type(o) is torch.Tensor and not bool(torch.isnan(o).any()) and bool((o == 0).all())
+            ok_l = type(lse) is torch.Tensor and bool(torch.isneginf(lse).all())
+            return [n for n, ok in (("o", ok_o), ("lse", ok_l)) if not ok], (o, lse), (partials, lengths)
+        ref_o, ref_lse = attention_reference(q, k, v, False, None)
+        bound_o, bound_lse = tol.combine_bounds(partials)
+        wrong = [n for n, a, e, b in (("o", o, ref_o, bound_o), ("lse", lse, ref_lse, bound_lse))
+                 if not _close_abs(a, e, b, dtype)]
+        return wrong, (o, lse), (partials, lengths), (ref_o, ref_lse)
+    return climb(COMBINE_RUNGS, one)
+
+
+def _close_abs(actual, expected, bound, dtype) -> bool:
+    try:
+        check_close(actual, expected, what="probe", atol=bound, rtol=0.0, dtype=dtype)
+        return True
+    except CheckFailure:
+        return False
+
+
+PARTIAL_RUNGS = [
+    Rung("one segment of 12 keys", dict(nk=12),
+         "attention over the segment: o_s = softmax(scale·q kᵀ) v normalised within the segment, lse_s = m + log ℓ",
+         {frozenset({"lse"}): "lse_s = m + log ℓ over the segment's scaled scores, in natural log (§4.4, §5.1)"}),
+    Rung("an explicit scale (0.3)", dict(nk=12, scale=0.3),
+         "the scale argument: S = scale · q kᵀ; only scale=None means 1/√d"),
+    Rung("peaked scores (q × 40)", dict(nk=12, mult=40.0),
+         "large scores: subtract the row max before exp (§4.2)"),
+    Rung("an empty segment (0 keys)", dict(nk=0),
+         "an empty segment gives o = 0, lse = -inf (the identity of ⊕), no NaN"),
+]
+
+
+def partial_ladder(student) -> Finding:
+    def one(r: Rung):
+        s = r.spec
+        q, k, v = _tensors((2,), [(1, 8), (s["nk"], 8), (s["nk"], 8)], 6, torch.float64, s.get("mult", 1.0))
+        o, lse = _pair(student.call("flash_decoding.attention_partial", q, k, v, s.get("scale")))
+        if s["nk"] == 0:
+            ok_o = type(o) is torch.Tensor and tuple(o.shape) == (2, 1, 8) and bool((o == 0).all())
+            ok_l = type(lse) is torch.Tensor and tuple(lse.shape) == (2, 1) and bool(torch.isneginf(lse).all())
+            return [n for n, ok in (("o", ok_o), ("lse", ok_l)) if not ok], (o, lse), None
+        return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), None
+    return climb(PARTIAL_RUNGS, one)
+
+
+DECODE_RUNGS = [
+    Rung("num_splits = 1", dict(nk=12, splits=1),
+         "with one segment flash_decode is attention_partial over all keys"),
+    Rung("2 segments of 6 keys", dict(nk=12, splits=2),
+         "the split and combine: split_kv's segments, attention_partial of each, combine_partials (⊕) of them (§8.4)"),
+    Rung("3 uneven segments (13 keys)", dict(nk=13, splits=3),
+         "uneven segments: every key in exactly one segment (tensor_split), lengths may differ by one"),
+    Rung("more splits than keys (5 keys, 8 splits: empty segments)", dict(nk=5, splits=8),
+         "empty segments (o = 0, lse = -inf) must pass through ⊕ as the identity, no NaN"),
+    Rung("an explicit scale (0.3)", dict(nk=12, splits=2, scale=0.3),
+         "the scale argument reaches every attention_partial call"),
+    Rung("two queries (Nq = 2)", dict(nk=12, splits=2, nq=2),
+         "Nq > 1: every query row is combined on its own"),
+]
+
+
+def decode_ladder(student) -> Finding:
+    def one(r: Rung):
+        s = r.spec
+        q, k, v = _tensors((2,), [(s.get("nq", 1), 8), (s["nk"], 8), (s["nk"], 8)], 8, torch.float64, 10.0)
+        out = student.scenario("part6.decode", q=q, k=k, v=v, num_splits=s["splits"], scale=s.get("scale"))
+        o, lse = _pair(out["result"])
+        return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), (q, k, v)
+    return climb(DECODE_RUNGS, one)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 1: softmax, online_summary and ⊕ ladders (expected: torch.softmax / logsumexp in float64)
+
+def _rows(kind: str, shape=(3, 6), seed=3) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 2
+    if kind == "increasing":
+        x = x.sort(-1).values
+    elif kind == "decreasing":
+        x = x.sort(-1, descending=True).values
+    elif kind == "shifted":
+        x = x + 1000.0
+    elif kind == "neginf":
+        x[..., 1::2] = -math.inf
+    elif kind == "allneginf":
+        x[1] = -math.inf
+    return x
+
+
+SOFTMAX_RUNGS = [
+    Rung("one row of 6 values", dict(kind="plain", shape=(1, 6)),
+         "the softmax of one row: exp(x_j - m) / Σ_k exp(x_k - m)"),
+    Rung("several rows (3 × 6)", dict(kind="plain", shape=(3, 6)),
+         "each row on its own: the max and the sum run over the LAST dim only (dim=-1, keepdim=True)"),
+    Rung("leading dims (2 × 3 × 6)", dict(kind="plain", shape=(2, 3, 6)),
+         "any number of leading dims: reduce over dim=-1, not over a fixed dim"),
+    Rung("-inf entries", dict(kind="neginf", shape=(3, 6)),
+         "-inf scores get probability 0 and do not break the row's max or sum"),
+    Rung("rows shifted by +1000", dict(kind="shifted", shape=(3, 6), naive=False),
+         "large scores: subtract the row max before exp so no exponent is > 0 (§4.2); exp(1000) overflows"),
+    Rung("an all -inf row", dict(kind="allneginf", shape=(3, 6), naive=False),
+         "an all -inf row has no max to subtract: guard exp(-inf - (-inf)) and ℓ = 0, and give zeros (§4.2)"),
+]
+
+
+def softmax_ladder(student, fn: str) -> Finding:
+    rungs = [r for r in SOFTMAX_RUNGS if fn != "naive_softmax" or r.spec.get("naive", True)]
+
+    def one(r: Rung):
+        x = _rows(r.spec["kind"], r.spec["shape"])
+        out = student.call(f"online_softmax.{fn}", x)
+        lse = torch.logsumexp(x, -1, keepdim=True)
+        ref = torch.exp(x - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse))
+        ok = _close_rel(out, ref, tol.softmax_rtol(x.shape[-1], x.dtype), x.dtype)
+        return ([] if ok else ["p"]), out, x
+    return climb(rungs, one)
+
+
+def _close_rel(actual, expected, rtol, dtype, atol=None) -> bool:
+    try:
+        check_close(actual, expected, what="probe", atol=tol.atol_for(dtype) if atol is None else atol, rtol=rtol,
+                    dtype=dtype)
+        return True
+    except CheckFailure:
+        return False
+
+
+SUMMARY_RUNGS = [
+    Rung("one column", dict(kind="plain", shape=(3, 1)),
+         "the summary of one value: m = x_0, ℓ = exp(x_0 - m) = 1"),
+    Rung("increasing rows (the max grows at every column)", dict(kind="increasing"),
+         "when the running max grows, rescale ℓ by exp(m_old - m_new) before adding exp(x_j - m_new) (§4.3)"),
+    Rung("decreasing rows (the max never grows)", dict(kind="decreasing"),
+         "when the max does not grow, ℓ += exp(x_j - m) with the current max"),
+    Rung("random rows", dict(kind="plain"),
+         "ℓ = Σ_j exp(x_j - m) relative to the FINAL max m, rescaled at every rebase (§4.3)"),
+    Rung("leading dims (2 × 3 × 6)", dict(kind="plain", shape=(2, 3, 6)),
+         "any number of leading dims: stream over the last dim, vectorised over the others"),
+    Rung("-inf entries", dict(kind="neginf"),
+         "an x_j = -inf adds exp(-inf) = 0; guard exp(-inf - (-inf)) while the running max is still -inf"),
+    Rung("an all -inf row", dict(kind="allneginf"),
+         "an all -inf row keeps (m, ℓ) = (-inf, 0): guard exp(-inf - (-inf)) = NaN (§4.4)"),
+    Rung("rows shifted by +1000", dict(kind="shifted"),
+         "ℓ is relative to the max (Σ_j exp(x_j - m), each term <= 1): without the max shift exp(x_j) overflows"),
+]
+
+
+def summary_ladder(student) -> Finding:
+    def one(r: Rung):
+        x = _rows(r.spec["kind"], r.spec.get("shape", (3, 6)))
+        m, l = _pair(student.call("online_softmax.online_summary", x))
+        m_ref = x.amax(-1)
+        l_ref = torch.exp(x - torch.where(torch.isneginf(m_ref), torch.zeros_like(m_ref), m_ref).unsqueeze(-1)).sum(-1)
+        wrong = [n for n, a, e, rt in (("m", m, m_ref, 0.0), ("ℓ", l, l_ref, tol.summary_rtol(x.shape[-1], x.dtype)))
+                 if not _close_rel(a, e, rt, x.dtype, atol=0.0)]
+        return wrong, (m, l), x
+    return climb(SUMMARY_RUNGS, one)
+
+
+def _segment(x: torch.Tensor, v: torch.Tensor):
+    """(m, ℓ, o) of a segment straight from its values (amax, Σ exp(x - m), Σ exp(x - m) v): no ⊕ involved."""
+    m = x.amax(-1)
+    p = torch.exp(x - torch.where(torch.isneginf(m), torch.zeros_like(m), m).unsqueeze(-1))
+    return m, p.sum(-1), (p.unsqueeze(-1) * v).sum(-2)
+
+
+def _summaries(ma: float, mb: float, lead=(3,)):
+    """a, b: (m, ℓ, o) of two key segments whose maxima are ma and mb (-inf: an empty segment), and the
+    (m, ℓ, o) of both segments together, the expected ⊕."""
+    g = torch.Generator().manual_seed(4)
+    xs, vs = [], []
+    for top in (ma, mb):
+        x = torch.randn(*lead, 4, generator=g, dtype=torch.float64)
+        x = torch.full_like(x, -math.inf) if top == -math.inf else x - x.amax(-1, keepdim=True) + top
+        xs.append(x)
+        vs.append(torch.randn(*lead, 4, 4, generator=g, dtype=torch.float64))
+    a, b = _segment(xs[0], vs[0]), _segment(xs[1], vs[1])
+    return a, b, _segment(torch.cat(xs, -1), torch.cat(vs, -2))
+
+
+MERGE_RUNGS = [
+    Rung("equal maxima (m_a = m_b)", dict(ma=0.0, mb=0.0),
+         "⊕ with no rebase: ℓ = ℓ_a + ℓ_b (and o = o_a + o_b) when both maxima are equal (§4.4)"),
+    Rung("m_a > m_b", dict(ma=3.0, mb=0.0),
+         "⊕ rebases b on the larger max m = m_a: ℓ_b (and o_b) times exp(m_b - m) (§4.4)"),
+    Rung("m_b > m_a", dict(ma=0.0, mb=3.0),
+         "⊕ rebases a on the larger max m = m_b: ℓ_a (and o_a) times exp(m_a - m) (§4.4)"),
+    Rung("a ⊕ identity (-inf, 0)", dict(ma=2.0, mb=-math.inf),
+         "the identity (-inf, 0) contributes exp(-inf - m)·0 = 0: a ⊕ (-inf, 0) = a (§4.4)"),
+    Rung("identity ⊕ identity", dict(ma=-math.inf, mb=-math.inf),
+         "missing -inf guard: with m = -inf, exp(-inf - (-inf)) = NaN; rebase on 0 so (-inf, 0) ⊕ (-inf, 0) = (-inf, 0)"),
+    Rung("leading dims (2 × 3)", dict(ma=1.0, mb=2.0, lead=(2, 3)),
+         "any leading dims; o has one more trailing dim than m and ℓ: unsqueeze(-1) the factors"),
+]
+
+
+def merge_ladder(student, fn: str) -> Finding:
+    with_o = fn == "merge_partial"
+
+    def one(r: Rung):
+        a, b, ref = _summaries(r.spec["ma"], r.spec["mb"], r.spec.get("lead", (3,)))
+        if not with_o:
+            a, b, ref = a[:2], b[:2], ref[:2]
+        got = student.call(f"online_softmax.{fn}", a, b)
+        if type(got) not in (tuple, list) or len(got) != len(a):
+            raise CheckFailure(f"the probe's result is {'(m, ℓ, o)' if with_o else '(m, ℓ)'}",
+                               detail=f"got a {type(got).__name__}")
+        names = ("m", "ℓ", "o")
+        wrong = [n for n, x, e in zip(names, got, ref) if not _close_rel(x, e, tol.merge_rtol(torch.float64),
+                                                                        torch.float64, atol=1e-12)]
+        return wrong, got, (a, b)
+    return climb(MERGE_RUNGS, one)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part 5: the cache on its own (one update, then a second, then another layer)
+
+CACHE_RUNGS = [
+    Rung("one update of 3 tokens", dict(n=1),
+         "KVCache.update(layer, k_new, v_new) returns (k_all, v_all): the layer's filled prefix, here exactly k_new, "
+         "v_new"),
+    Rung("a second update of 2 tokens", dict(n=2),
+         "after a second update, (k_all, v_all) hold ALL the cached tokens so far (length + T), in order, not only the "
+         "new ones: write k_new at positions length .. length + T - 1 and return the prefix [:length + T]"),
+    Rung("an update of another layer", dict(n=3),
+         "each layer has its own keys, values and length: updating layer 1 leaves layer 0 as it was"),
+]
+
+
+def cache_ladder(student) -> Finding:
+    g = torch.Generator().manual_seed(9)
+    sizes = [(0, 3), (0, 2), (1, 4)]
+    updates = [(layer, torch.randn(1, 2, t, 4, generator=g), torch.randn(1, 2, t, 4, generator=g))
+               for layer, t in sizes]
+
+    def one(r: Rung):
+        n = r.spec["n"]
+        out = student.scenario("part5.cache_updates", n_layers=2, batch=1, n_heads=2, max_len=8, head_dim=4,
+                               updates=updates[:n], dtype="float32")
+        k_all, v_all = out["results"][n - 1]
+        layer = updates[n - 1][0]
+        mine = [u for u in updates[:n] if u[0] == layer]
+        want_k, want_v = torch.cat([u[1] for u in mine], 2), torch.cat([u[2] for u in mine], 2)
+        wrong = [name for name, a, e in (("k_all", k_all, want_k), ("v_all", v_all, want_v))
+                 if not (isinstance(a, torch.Tensor) and a.shape == e.shape and bool(torch.equal(a, e)))]
+        return wrong, (k_all, v_all), None
+    return climb(CACHE_RUNGS, one)
