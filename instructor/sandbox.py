@@ -58,6 +58,7 @@ ENGINE_DIR = ROOT / "autograder" / "engine"
 CONFINE = ENGINE_DIR / "confine.py"  # the launcher (standard library only)
 MODES = ("auto", "bubblewrap", "uid", "rlimits")
 ENV_MODE = "GRADER_SANDBOX"  # forces a mode for every channel (e.g. uid: bubblewrap made unavailable)
+ENV_BWRAP = "GRADER_BWRAP"  # the bwrap program to use (default: bwrap on PATH)
 
 
 def secret_paths() -> list[Path]:
@@ -177,8 +178,8 @@ class Sandbox:
                 "limits": self.limits.__dict__}
 
     def with_uid(self, uid: int | None) -> "Sandbox":
-        if self.kind == "uid":
-            return replace(self, uid=uid if uid is not None else UID_BASE)
+        if self.kind == "uid":  # a spool of its own: its sweep() must not touch another slot's workers
+            return replace(self, uid=uid if uid is not None else UID_BASE, spool=None)
         return replace(self, uid=uid if (self.bwrap and self.setpriv) else None)
 
     # the engine calls this with the paths the worker needs (readable), once per worker start
@@ -210,6 +211,9 @@ class Sandbox:
         if self.spool is None or not os.path.isdir(self.spool):
             self.spool = tempfile.mkdtemp(prefix="sandbox-scratch-")
             os.chmod(self.spool, 0o711)  # traversable, not listable: each scratch name is random
+            import atexit
+
+            atexit.register(shutil.rmtree, self.spool, True)
         return os.path.join(self.spool, _secrets.token_hex(12))
 
     def prefix(self, paths: Sequence[str]) -> list[str]:
@@ -283,8 +287,10 @@ class Sandbox:
             made.add(str(b))
         # the unresolved spellings of the binds (a symlinked .venv, sys.executable through it) as
         # symlinks to what was bound: the worker is started, and imports, through them
+        bound = [str(b) for b in binds] + ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"]
         for link, target in _link_aliases(paths):
-            if link not in made and not any(link.startswith(m.rstrip("/") + "/") for m in made if m != "/"):
+            # a link inside a bound tree is there already; elsewhere (the tmpfs, fresh folders) it is made
+            if link not in made and not any(link == b or link.startswith(b + "/") for b in bound):
                 mkdirs(Path(link))
                 argv.extend(["--symlink", target, link])
                 made.add(link)
@@ -519,7 +525,7 @@ def _probe_dir() -> tempfile.TemporaryDirectory:
 
 
 def _try_bubblewrap(seccomp, limits) -> tuple[Sandbox | None, str]:
-    bwrap = shutil.which("bwrap")
+    bwrap = shutil.which(os.environ.get(ENV_BWRAP) or "bwrap")
     if not bwrap:
         return None, "bwrap not found; install the Debian package bubblewrap"
     setpriv = shutil.which("setpriv") if os.getuid() == 0 else None
@@ -548,17 +554,22 @@ def _try_uid(seccomp, limits) -> tuple[Sandbox | None, str]:
             ok, why = _run_probe(box, Path(d))
         except SandboxError as e:
             ok, why = False, str(e)
-    box.uid = None
+    box.uid, box.spool = None, None
     return (box if ok else None), f"the unprivileged-uid sandbox failed its self-test: {why}"
 
 
-@lru_cache(maxsize=None)
 def detect(prefer: str = "auto") -> Sandbox:
     """The strongest sandbox that passes its self-test here, or the rlimits-only fallback, whose mode
     says why. prefer: auto, bubblewrap, uid (bubblewrap is then not tried) or rlimits (forced).
-    The environment variable GRADER_SANDBOX overrides "auto". Use require() to fail closed."""
+    The environment variable GRADER_SANDBOX overrides "auto". Use require() to fail closed.
+    Cached per mode and environment (the self-test runs once per process)."""
     if prefer == "auto":
         prefer = os.environ.get(ENV_MODE, "auto") or "auto"
+    return _detect(prefer, os.environ.get(ENV_BWRAP, ""))
+
+
+@lru_cache(maxsize=None)
+def _detect(prefer: str, _bwrap_env: str) -> Sandbox:
     if prefer not in MODES:
         raise SandboxError(f"unknown sandbox mode {prefer!r}; choose one of {', '.join(MODES)}")
     seccomp = no_fork_filter()
