@@ -20,8 +20,9 @@ prefix minus without it (20 interleaved repetitions; minima, and the median of t
 from __future__ import annotations
 
 import argparse
-import os
 import itertools
+import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -89,15 +90,24 @@ def worker_start_overhead(box: Sandbox, reps: int = 20) -> dict:
 
 def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: bool) -> dict:
     load0 = os.getloadavg()
+    ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     summary = run_batch(subs, out, jobs=a.jobs, progress=sys.stderr.isatty(), sandbox=a.sandbox,
                         options=Options(parts=parts, test_sets=tuple(a.sets.split(",")), limits=limits,
                                         scale_timeouts=scale))
+    ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1))
     starts = [t.get("worker_starts", 0) for t in summary["engine_timing"].values()]
     startup = [s for t in summary["engine_timing"].values() for s in t.get("worker_startup_s", [])]
     return {
         "submissions": summary["submissions"], "graded": summary["graded"],
         "failed_to_grade": summary["failed_to_grade"], "jobs": summary["jobs"], "wall_s": summary["wall_s"],
         "submissions_per_minute": summary["submissions_per_minute"],
+        # CPU seconds of the batch (judges, fork servers, workers; the bench process's own share of the
+        # calibration): on a shared machine the rate that `cores` idle cores would allow is
+        # submissions * 60 * cores / cpu_s, an upper bound that the load does not blur
+        "cpu_s": round(cpu, 1), "cpu_s_per_submission": round(cpu / max(summary["submissions"], 1), 2),
+        "cpu_bound_submissions_per_minute": round(summary["submissions"] * 60 * (os.cpu_count() or 1) / cpu, 1)
+        if cpu > 0 else None,
         "mix": {k: sum(v.startswith(k) for v in kinds.values()) for k in ("correct", "buggy", "hostile")},
         "call_time_limits": summary.get("call_time_limits", {"scaled": False}),
         "mean_worker_starts_per_submission": round(statistics.mean(starts), 2) if starts else 0.0,

@@ -457,6 +457,11 @@ for p in cfg["unwritable"]:
         open(os.path.join(p, ".sandbox-probe-%d" % os.getpid()), "w").close(); bad.append("writable: " + p)
     except OSError:
         pass
+for p in cfg["readable"]:
+    try:
+        open(p, "rb").close()
+    except OSError as e:
+        bad.append("cannot read %s: %s" % (p, e))
 for p in cfg["writable"]:
     try:
         open(os.path.join(p, "probe"), "w").close()
@@ -479,14 +484,16 @@ print("SANDBOX-OK" if not bad else "SANDBOX-BAD " + "; ".join(bad), fork, memfd,
 def _run_probe(box: Sandbox, probe_dir: Path) -> tuple[bool, str]:
     """Start the self-test through the box, with the paths a worker gets (this interpreter's, through
     their unresolved spellings too), and check each promise of the mode."""
-    paths = [str(probe_dir), sys.base_prefix, sys.prefix, *_site_dirs()]
+    paths = [str(probe_dir), str(ROOT / "course"), str(ROOT / "autograder" / "scenarios"), str(ENGINE_DIR),
+             sys.base_prefix, sys.prefix, *_site_dirs()]
     if box.kind == "uid":
         cfg = box.confinement(paths)
         argv = [sys.executable, "-I", "-S", str(CONFINE), json.dumps(cfg)]
         scratch = cfg["scratch"]
     else:
         argv, scratch = box.prefix(paths), "/tmp"
-    checks = {"unreadable": [], "unwritable": [str(probe_dir)], "writable": [scratch]}
+    checks = {"unreadable": [], "unwritable": [str(probe_dir)], "writable": [scratch],
+              "readable": [str(ROOT / "course" / "__init__.py"), str(ENGINE_DIR / "worker.py")]}
     if box.isolating:
         checks["unreadable"] = [str(p) for p in secret_paths()]
         checks["unwritable"] += [str(ROOT / "course"), str(ROOT), "/root"]
