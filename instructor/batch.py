@@ -232,8 +232,12 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
 # ---------------------------------------------------------------------------------------------
 # sandbox mode (fail closed) and call time limits scaled from the reference
 
-TIMEOUT_FACTOR = 20.0  # a call may take this many times the reference's own time for it ...
-TIMEOUT_FLOOR_S = 3.0  # ... but never less than this (and never more than the configured limit)
+# A call may take this many times the reference's own time for it (measured once per batch, in the
+# same sandbox, on this machine), but never less than the floor, nor more than the configured limit.
+# Generous on purpose: a correct but slow algorithm (Python loops where the reference uses tensor
+# ops) must still pass; what the scaling removes is the 20 s wait on calls that take milliseconds.
+TIMEOUT_FACTOR = 50.0
+TIMEOUT_FLOOR_S = 5.0
 
 
 def choose_sandbox(options: Options, mode: str, allow_weak: bool) -> dict:

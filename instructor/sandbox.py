@@ -209,7 +209,7 @@ class Sandbox:
 
     def _new_scratch(self) -> str:
         if self.spool is None or not os.path.isdir(self.spool):
-            self.spool = tempfile.mkdtemp(prefix="sandbox-scratch-")
+            self.spool = tempfile.mkdtemp(prefix="sandbox-scratch-", dir=_scratch_parent())
             os.chmod(self.spool, 0o711)  # traversable, not listable: each scratch name is random
             import atexit
 
@@ -309,6 +309,32 @@ class Sandbox:
         else:
             argv.append("--")
         return argv
+
+
+def _fs_type(path: str) -> str:
+    """The file-system type of the mount that holds `path` (from /proc/self/mounts)."""
+    best, kind = "", "?"
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2:
+                    mnt = fields[1].replace("\\040", " ")
+                    if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                        best, kind = mnt, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def _scratch_parent() -> str:
+    """Where the uid mode's scratch folders go: a disk-backed temp folder if there is one. Files on a
+    tmpfs are memory that RLIMIT_AS does not count (RLIMIT_FSIZE bounds each file, not their number)."""
+    candidates = [str(Path(tempfile.gettempdir()).resolve()), "/var/tmp"]
+    for c in candidates:
+        if os.path.isdir(c) and _fs_type(c) not in ("tmpfs", "ramfs"):
+            return c
+    return candidates[0]
 
 
 def landlock_read_paths(binds: Sequence[Path]) -> list[str]:

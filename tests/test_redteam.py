@@ -235,7 +235,7 @@ def test_call_time_limits_were_scaled_from_the_reference(red):
     limits = red["summary"]["call_time_limits"]
     assert limits["scaled"] is True and limits["targets"] >= 2, limits
     loop = red["views"].get("infinite_loop")
-    if loop:  # the configured 2 s is below the 3 s floor: the smaller limit holds
+    if loop:  # the configured 2 s is below the floor: the smaller limit holds
         assert any("timed out after 2 s" in t["message"] for t in loop["tests"]), loop["tests"]
 
 
