@@ -287,7 +287,7 @@ def scaled_call_timeouts(options: Options, factor: float = TIMEOUT_FACTOR, floor
     limits = {t: round(max(floor, factor * s), 2) for t, s in sorted(times.items())}
     options.limits = {**(options.limits or {}), "call_timeouts": limits}
     return {"scaled": True, "factor": factor, "floor_s": floor, "targets": len(limits),
-            "longest_s": max(limits.values(), default=None), "calibration_s": round(time.perf_counter() - t0, 2)}
+            "at_floor": sum(v == floor for v in limits.values()), "calibration_s": round(time.perf_counter() - t0, 2)}
 
 
 def _grade_inline(pending, out: Path, options: Options, results: dict, sandbox_info: dict, env: dict) -> None:
