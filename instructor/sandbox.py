@@ -211,9 +211,6 @@ class Sandbox:
         if self.spool is None or not os.path.isdir(self.spool):
             self.spool = tempfile.mkdtemp(prefix="sandbox-scratch-", dir=_scratch_parent())
             os.chmod(self.spool, 0o711)  # traversable, not listable: each scratch name is random
-            import atexit
-
-            atexit.register(shutil.rmtree, self.spool, True)
         return os.path.join(self.spool, _secrets.token_hex(12))
 
     def prefix(self, paths: Sequence[str]) -> list[str]:
@@ -230,9 +227,9 @@ class Sandbox:
         if self.kind != "uid" or self.uid is None:
             return removed
         if self.spool and os.path.isdir(self.spool):
-            for name in os.listdir(self.spool):
-                shutil.rmtree(os.path.join(self.spool, name), ignore_errors=True)
-                removed.append(os.path.join(self.spool, name))
+            removed += [os.path.join(self.spool, name) for name in os.listdir(self.spool)]
+            shutil.rmtree(self.spool, ignore_errors=True)  # the next worker makes a new one
+        self.spool = None
         for top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
             try:
                 entries = list(os.scandir(top))

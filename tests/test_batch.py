@@ -169,12 +169,13 @@ def test_sandbox_hides_secrets_blocks_network_and_fork(tmp_path):
             "try:\n    pid = os.fork()\n    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0); r['fork'] = True\n"
             "except OSError:\n    r['fork'] = False\n"
             "r['uid'] = os.getuid(); print(r)\n")
-    argv = box.with_uid(64099).prefix([str(probe), sys.base_prefix, sys.prefix]) + [
+    boxed = box.with_uid(64099)
+    argv = boxed.prefix([str(probe), sys.base_prefix, sys.prefix]) + [
         sys.executable, "-I", "-S", "-c", code, str(SECRET_PATHS[0]), str(probe)]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     finally:
-        box.with_uid(64099).sweep()
+        boxed.sweep()
         shutil.rmtree(probe, ignore_errors=True)
     assert out.returncode == 0, out.stderr
     r = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 -- our own probe's dict
