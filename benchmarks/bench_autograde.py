@@ -1,23 +1,28 @@
 """Batch autograding throughput: 40 submissions (correct, buggy, hostile), public + hidden tests,
-sandboxed, one judge per core (2 here). Reports submissions per minute and the sandbox's overhead.
+sandboxed, one judge per core (2 here). Reports submissions per minute, before and after.
 
     python -m benchmarks.bench_autograde [--n 40] [--jobs 2] [--parts 1,2,...] [--sets public,hidden]
+                                         [--sandbox auto|bubblewrap|uid] [--runs after,clean,before]
 
 The mix: a quarter correct (solutions/), half buggy (the mutation catalogue instructor/mutations/*.toml
 applied to solutions/, cycling through it), a quarter hostile (the red-team corpus, cycling). Limits
-are the rubric's (20 s per call, ...), as in a real batch.
+are the rubric's (20 s per call, ...), as in a real batch. Three runs, on the same submissions:
+- after:  the batch as it is (call time limits scaled from the reference's own time; sandboxed
+          workers forked from the fork server where the sandbox allows);
+- clean:  the same without the hostile quarter;
+- before: fixed 20 s call limits and every sandboxed worker started afresh (imports torch), i.e.
+          the engine's behaviour before those two changes.
+The machine's load average is printed before and after each run (the machine may be shared).
 
-Sandbox overhead, measured two ways:
-- per worker start: the time to start `python -I -S -c pass` through the sandbox prefix minus
-  without it (20 interleaved repetitions; minima, and the median of the differences);
-- per submission: that, times the mean number of worker starts per submission in the batch (a
-  worker is started once per submission, plus once after each crash or timeout).
+Sandbox overhead per worker start: the time to start `python -I -S -c pass` through the sandbox
+prefix minus without it (20 interleaved repetitions; minima, and the median of the differences).
 """
 from __future__ import annotations
 
 import argparse
-import os
 import itertools
+import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from instructor import redteam  # noqa: E402
 from instructor.batch import Options, run_batch  # noqa: E402
 from instructor.intake import all_graded_files  # noqa: E402
-from instructor.sandbox import detect  # noqa: E402
+from instructor.sandbox import Sandbox, require  # noqa: E402
 
 
 def make_submissions(dest: Path, n: int) -> dict[str, str]:
@@ -64,22 +69,52 @@ def make_submissions(dest: Path, n: int) -> dict[str, str]:
     return kinds
 
 
-def worker_start_overhead(reps: int = 20) -> dict:
+def worker_start_overhead(box: Sandbox, reps: int = 20) -> dict:
     """Extra seconds to start a process through the sandbox prefix (launcher + bubblewrap + setpriv),
     on a bare `python -I -S -c pass` so that the load of the machine blurs it least: interleaved
     repetitions, the minimum of each (the least disturbed run) and the medians."""
-    box = detect().with_uid(64010)
+    box = box.with_uid(64010)
     cmd = [sys.executable, "-I", "-S", "-c", "pass"]
-    prefix = box.prefix([sys.prefix, sys.base_prefix])
     bare, boxed = [], []
     for _ in range(reps):
-        for pre, out in (([], bare), (prefix, boxed)):
+        for boxed_run, out in ((False, bare), (True, boxed)):
+            pre = box.prefix([sys.prefix, sys.base_prefix]) if boxed_run else []
             t0 = time.perf_counter()
             subprocess.run(pre + cmd, check=True, capture_output=True)
             out.append(time.perf_counter() - t0)
+    box.sweep()
     return {"sandbox": box.mode, "bare_min_s": min(bare), "sandboxed_min_s": min(boxed),
             "overhead_s": min(boxed) - min(bare),
             "overhead_median_s": statistics.median(b - a for a, b in zip(bare, boxed))}
+
+
+def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: bool) -> dict:
+    load0 = os.getloadavg()
+    ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    summary = run_batch(subs, out, jobs=a.jobs, progress=sys.stderr.isatty(), sandbox=a.sandbox,
+                        options=Options(parts=parts, test_sets=tuple(a.sets.split(",")), limits=limits,
+                                        scale_timeouts=scale))
+    ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1))
+    starts = [t.get("worker_starts", 0) for t in summary["engine_timing"].values()]
+    startup = [s for t in summary["engine_timing"].values() for s in t.get("worker_startup_s", [])]
+    return {
+        "submissions": summary["submissions"], "graded": summary["graded"],
+        "failed_to_grade": summary["failed_to_grade"], "jobs": summary["jobs"], "wall_s": summary["wall_s"],
+        "submissions_per_minute": summary["submissions_per_minute"],
+        # CPU seconds of the batch (judges, fork servers, workers; the bench process's own share of the
+        # calibration): on a shared machine the rate that `cores` idle cores would allow is
+        # submissions * 60 * cores / cpu_s, an upper bound that the load does not blur
+        "cpu_s": round(cpu, 1), "cpu_s_per_submission": round(cpu / max(summary["submissions"], 1), 2),
+        "cpu_bound_submissions_per_minute": round(summary["submissions"] * 60 * (os.cpu_count() or 1) / cpu, 1)
+        if cpu > 0 else None,
+        "mix": {k: sum(v.startswith(k) for v in kinds.values()) for k in ("correct", "buggy", "hostile")},
+        "call_time_limits": summary.get("call_time_limits", {"scaled": False}),
+        "mean_worker_starts_per_submission": round(statistics.mean(starts), 2) if starts else 0.0,
+        "mean_worker_startup_s": round(statistics.mean(startup), 3) if startup else None,
+        "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
+        "slowest": sorted(summary["per_submission_s"].items(), key=lambda kv: -kv[1])[:3],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -88,36 +123,33 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--parts", default=None, help="comma-separated parts (default: all)")
     ap.add_argument("--sets", default="public,hidden")
-    ap.add_argument("--keep", type=Path, default=None, help="keep the batch output in this folder")
+    ap.add_argument("--sandbox", default="auto", choices=["auto", "bubblewrap", "uid"])
+    ap.add_argument("--runs", default="after,clean,before", help="which runs (after, clean, before)")
     # `make bench` calls main() with no arguments: the full run, unless BENCH_AUTOGRADE_ARGS says otherwise
     a = ap.parse_args(list(argv) if argv is not None else os.environ.get("BENCH_AUTOGRADE_ARGS", "").split())
     parts = [int(x) for x in a.parts.split(",")] if a.parts else None
+    runs = [r for r in a.runs.split(",") if r]
+    result: dict = {"cores": os.cpu_count(), "sandbox": None}
     with tempfile.TemporaryDirectory(prefix="bench-autograde-") as tmp:
         subs = Path(tmp) / "submissions"
         kinds = make_submissions(subs, a.n)
-        out = a.keep or Path(tmp) / "out"
-        summary = run_batch(subs, out, jobs=a.jobs, progress=sys.stderr.isatty(),
-                            options=Options(parts=parts, test_sets=tuple(a.sets.split(","))))
-    overhead = worker_start_overhead()
-    starts = [t.get("worker_starts", 0) for t in summary["engine_timing"].values()]
-    mean_starts = statistics.mean(starts) if starts else 0.0
-    result = {
-        "submissions": summary["submissions"], "graded": summary["graded"],
-        "failed_to_grade": summary["failed_to_grade"], "jobs": summary["jobs"], "wall_s": summary["wall_s"],
-        "submissions_per_minute": summary["submissions_per_minute"], "sandbox": summary["sandbox"],
-        "process_limit": summary["process_limit"], "parts": parts or "all", "test_sets": a.sets,
-        "mix": {k: sum(v.startswith(k) for v in kinds.values()) for k in ("correct", "buggy", "hostile")},
-        "process_start_bare_min_s": round(overhead["bare_min_s"], 4),
-        "process_start_sandboxed_min_s": round(overhead["sandboxed_min_s"], 4),
-        "sandbox_overhead_per_worker_start_s": round(overhead["overhead_s"], 4),
-        "sandbox_overhead_median_s": round(overhead["overhead_median_s"], 4),
-        "mean_worker_starts_per_submission": round(mean_starts, 2),
-        "sandbox_overhead_per_submission_s": round(overhead["overhead_s"] * mean_starts, 4),
-        "mean_worker_startup_s": round(statistics.mean(s for t in summary["engine_timing"].values()
-                                                        for s in t.get("worker_startup_s", [])) or 0, 3)
-        if any(t.get("worker_startup_s") for t in summary["engine_timing"].values()) else None,
-        "slowest": sorted(summary["per_submission_s"].items(), key=lambda kv: -kv[1])[:5],
-    }
+        clean = Path(tmp) / "clean"
+        clean.mkdir()
+        for name, kind in kinds.items():
+            if not kind.startswith("hostile"):
+                shutil.copytree(subs / name, clean / name)
+        plans = {"after": (subs, kinds, {}, True),
+                 "clean": (clean, {k: v for k, v in kinds.items() if not v.startswith("hostile")}, {}, True),
+                 "before": (subs, kinds, {"fork_server": False}, False)}
+        for run in runs:
+            folder, mix, limits, scale = plans[run]
+            result[run] = _one_run(folder, Path(tmp) / f"out-{run}", mix, a, parts, limits, scale)
+            print(f"{run}: {result[run]['submissions_per_minute']} submissions/min "
+                  f"({result[run]['wall_s']} s, load {result[run]['load_average_before_after']})", flush=True)
+    box = require(a.sandbox)
+    result["sandbox"] = box.mode
+    overhead = worker_start_overhead(box)
+    result.update({k: round(v, 4) if isinstance(v, float) else v for k, v in overhead.items() if k != "sandbox"})
     width = max(map(len, result))
     for k, v in result.items():
         print(f"{k:<{width}}  {v}")

@@ -42,8 +42,8 @@ from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (
 
 from . import intake
 from .grading import (DEFAULT_GRADER, UID_BASE, Graded, Options, environment, failed, grade_one,  # noqa: F401
-                      resolve, sandbox_info, write_outputs)
-from .sandbox import detect
+                      resolve, sandbox_info, sweep, write_outputs)
+from .sandbox import SandboxError, require
 
 ROOT = Path(__file__).resolve().parent.parent
 RESERVED = {"grades.csv", "summary.json"}
@@ -175,21 +175,24 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: tuple[int, int] | None = None,
               options: Options | None = None, timeout_s: float = 1800.0, progress: bool = True,
-              sandbox: str = "auto") -> dict:
+              sandbox: str = "auto", allow_weak: bool = False) -> dict:
     """Grade every entry of `submissions` (or one shard of them) into `out`. Returns the summary.
-    One row per entry, always: a submission that breaks its judge is a row "failed to grade"."""
+    One row per entry, always: a submission that breaks its judge is a row "failed to grade".
+    The sandbox mode asked for must be available, or the batch refuses (choose_sandbox)."""
     t_start = time.perf_counter()
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if out == submissions or out.is_relative_to(submissions):
         raise SystemExit("error: the output folder must not be inside the submissions folder; choose another --out")
     options = options or Options()
-    if options.sandbox is None and sandbox != "off":
-        options.sandbox = detect("rlimits" if sandbox == "rlimits" else "auto")
-    info = sandbox_info(options)
+    info = choose_sandbox(options, sandbox, allow_weak)
     entries = shard_of(list_entries(submissions), shard)
     inline = jobs == 0  # grade in this process, one at a time (debugging; tests)
     jobs = 1 if inline else max(1, min(jobs or os.cpu_count() or 1, len(entries) or 1))
     out.mkdir(parents=True, exist_ok=True)
+    if options.sandbox is not None and options.sandbox.kind == "uid":
+        os.chmod(out, out.stat().st_mode & 0o770)  # the results: closed to the sandbox's uids
+    if entries and options.scale_timeouts and options.grader == DEFAULT_GRADER:
+        info["call_time_limits"] = scaled_call_timeouts(options)
     env = environment()
     work = Path(tempfile.mkdtemp(prefix="autograde-"))  # intake copies: never in the instructor's tree
     results: dict[str, Graded] = {}
@@ -209,6 +212,58 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _write_summary(out, entries, results, time.perf_counter() - t_start, jobs, shard, info, env, options)
+
+
+# ---------------------------------------------------------------------------------------------
+# sandbox mode (fail closed) and call time limits scaled from the reference
+
+# A call may take this many times the reference's own time for it (measured once per batch, in the
+# same sandbox, on this machine), but never less than the floor, nor more than the configured limit.
+# Generous on purpose: a correct but slow algorithm (Python loops where the reference uses tensor
+# ops) must still pass; what the scaling removes is the 20 s wait on calls that take milliseconds.
+TIMEOUT_FACTOR = 50.0
+TIMEOUT_FLOOR_S = 5.0
+
+
+def choose_sandbox(options: Options, mode: str, allow_weak: bool) -> dict:
+    """Sets options.sandbox to the mode asked for (instructor/sandbox.py require: bubblewrap, uid,
+    auto = the strongest of the two), or refuses with SystemExit (one line, non-zero) when that
+    mode is not available and the instructor did not accept a weaker one (allow_weak). "off" (no
+    sandbox at all, for debugging) needs allow_weak too. Returns what every result records."""
+    if options.sandbox is None and mode != "off":
+        try:
+            options.sandbox = require(mode, allow_weak)
+        except SandboxError as e:
+            raise SystemExit(f"error: {e}") from None
+    if options.sandbox is None and not allow_weak and options.grader == DEFAULT_GRADER:
+        raise SystemExit("error: refusing to grade with --sandbox off (no sandbox at all); "
+                         "pass --allow-weak-sandbox to accept that (debugging only)")
+    return sandbox_info(options)
+
+
+def scaled_call_timeouts(options: Options, factor: float = TIMEOUT_FACTOR, floor: float = TIMEOUT_FLOOR_S) -> dict:
+    """Grade the reference (solutions/) once, in the batch's sandbox, and limit every call target to
+    max(floor, factor x the reference's longest call to it) seconds (capped by the configured limit
+    in the engine): a hanging submission then costs seconds per call, not the 20 s default. Sets
+    options.limits["call_timeouts"]; returns what the summary records."""
+    from autograder.engine.processes import record_call_times
+
+    grade = resolve(options.grader)
+    prefix = options.sandbox.with_uid(UID_BASE) if options.sandbox else None
+    extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
+    t0 = time.perf_counter()
+    try:
+        with record_call_times() as times:
+            grade(str(ROOT / "solutions"), parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,
+                  limits=options.limits or None, **extra)
+    except Exception as e:  # noqa: BLE001 -- no scaling then: the configured limits hold
+        return {"scaled": False, "reason": sanitize.line(f"grading the reference failed: {type(e).__name__}: {e}", 300)}
+    finally:
+        sweep(prefix)
+    limits = {t: round(max(floor, factor * s), 2) for t, s in sorted(times.items())}
+    options.limits = {**(options.limits or {}), "call_timeouts": limits}
+    return {"scaled": True, "factor": factor, "floor_s": floor, "targets": len(limits),
+            "at_floor": sum(v == floor for v in limits.values()), "calibration_s": round(time.perf_counter() - t0, 2)}
 
 
 def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: Options, timeout_s: float,
@@ -472,8 +527,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--shard", type=parse_shard, default=None, help="grade only shard i of n (1-based), e.g. 3/8")
     ap.add_argument("--parts", default=None, help="comma-separated part numbers (default: all)")
     ap.add_argument("--sets", default="public,hidden", help="test sets (default: public,hidden)")
-    ap.add_argument("--sandbox", choices=["auto", "rlimits", "off"], default="auto",
-                    help="auto: bubblewrap if it passes its self-test, else rlimits only")
+    ap.add_argument("--sandbox", choices=["auto", "bubblewrap", "uid", "rlimits", "off"], default="auto",
+                    help="auto: bubblewrap if it passes its self-test, else the unprivileged-uid sandbox; "
+                         "grading refuses when neither is available, unless --allow-weak-sandbox")
+    ap.add_argument("--allow-weak-sandbox", action="store_true",
+                    help="accept a sandbox weaker than asked (rlimits only, or off) instead of refusing")
+    ap.add_argument("--fixed-time-limits", action="store_true",
+                    help="do not scale each call's time limit from the reference's own time")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per submission before it is stopped")
     ap.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
                     help="engine limit override, e.g. call_timeout_s=5 or memory_mb=2048 (repeatable)")
@@ -489,9 +549,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--limit {item}: expected KEY=NUMBER")
     parts = [int(x) for x in a.parts.split(",")] if a.parts else None
     options = Options(parts=parts, test_sets=tuple(s for s in a.sets.split(",") if s), limits=limits,
-                      tests_dir=a.tests_dir)
+                      tests_dir=a.tests_dir, scale_timeouts=not a.fixed_time_limits)
     summary = run_batch(a.submissions, a.out, jobs=a.jobs, shard=a.shard, options=options, timeout_s=a.timeout,
-                        progress=not a.quiet, sandbox=a.sandbox)
+                        progress=not a.quiet, sandbox=a.sandbox, allow_weak=a.allow_weak_sandbox)
     print_summary(summary, a.out)
     return 0 if summary["failed_to_grade"] == 0 else 1
 

@@ -46,6 +46,7 @@ class Options:
     grader: str = DEFAULT_GRADER  # "module:function" with autograder.engine.grade's signature
     sandbox: Any = None  # instructor.sandbox.Sandbox, or None (no sandbox: debugging only)
     tests_dir: str | None = None  # another assignment-tests folder (default: autograder/tests)
+    scale_timeouts: bool = True  # each call's time limit from the reference's own time (batch.scaled_call_timeouts)
 
 
 @dataclass
@@ -84,7 +85,14 @@ def environment() -> dict:
 
 def sandbox_info(options: Options) -> dict:
     return options.sandbox.describe() if options.sandbox else {
-        "sandbox": "none (disabled with --sandbox off; for debugging only)", "process_limit": "none"}
+        "sandbox": "none (disabled with --sandbox off; for debugging only)", "process_limit": "none",
+        "sandbox_kind": "none"}
+
+
+def sweep(prefix: Any) -> None:
+    """What the sandbox's uid left behind (scratch, /tmp, /dev/shm) goes before the next submission."""
+    if prefix is not None and hasattr(prefix, "sweep"):
+        prefix.sweep()
 
 
 def resolve(spec: str) -> Callable:
@@ -98,8 +106,11 @@ def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable 
     grade = grade or resolve(options.grader)
     prefix = options.sandbox.with_uid(UID_BASE + slot) if options.sandbox else None
     extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
-    report = grade(impl_dir, parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,
-                   limits=options.limits or None, **extra)
+    try:
+        report = grade(impl_dir, parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,
+                       limits=options.limits or None, **extra)
+    finally:
+        sweep(prefix)
     return json.loads(json.dumps(report))  # plain JSON from here on
 
 

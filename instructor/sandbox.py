@@ -1,28 +1,35 @@
 """The sandbox around the grading engine's worker processes (batch grading, Gradescope, nbgrader).
 
-The engine starts each worker as `prefix + [python, -I, -S, -c, bootstrap]`; this module builds
-that prefix. The judge (pytest, the references, the verdict) stays outside. Two modes:
+The engine starts each worker as `prefix + [python, -I, -S, -c, bootstrap]` (or forks it from a fork
+server, zygote.py, that applies the same confinement); this module builds that prefix and the
+confinement config. The judge (pytest, the references, the verdict) stays outside. Three modes:
 
-"bubblewrap"  (`bwrap`, Debian package bubblewrap) — the worker sees a private file system:
-    read-only binds of the Python installation, the venv, the course package, the engine's worker
-    files, the scenario code and the submission's private copy; nothing else of the instructor's
-    tree (no solutions/, no autograder/tests/, no other submission, no output folder). A private
-    size-capped tmpfs /tmp, no network (--unshare-net), its own PID, IPC and UTS namespaces, a new
-    session (no terminal injection), no capabilities, and --die-with-parent. When `uid` is given
-    the worker also drops to that unprivileged uid (setpriv), so root-owned files are off limits.
-"rlimits-only (<reason>)" — used where bubblewrap is missing or fails its self-test: resource
-    limits alone. The worker can then read whatever the grading user can read; every report says so.
+"bubblewrap"  (`bwrap`, Debian package bubblewrap): a private file system of read-only binds (the
+    Python installation, the venv, the course package, the engine's worker files, the scenarios and
+    the submission's private copy), private size-capped tmpfs /tmp and /dev/shm, no network, its own
+    PID/IPC/UTS namespaces, a new session, no capabilities, --die-with-parent, and, as root, an
+    unprivileged uid (setpriv).
+"unprivileged-uid"  for where bubblewrap cannot run (an unprivileged container where we are root:
+    Gradescope, most CI; Docker's seccomp profile refuses the namespaces bubblewrap needs). The
+    worker drops to a dedicated uid (64000 + judge slot) with no groups; Landlock (Linux >= 5.13,
+    needs no privilege) lets it read only the trees it imports from and its submission's copy and
+    write only a private scratch folder, connect no TCP and signal nothing outside; the instructor's
+    secret folders are also closed to "others" by file permissions (instructor/, solutions/,
+    autograder/tests/, the repository's .git), and whatever the uid left in /tmp, /var/tmp or
+    /dev/shm is removed after each submission (sweep()).
+"rlimits-only (<reason>)"  resource limits and the seccomp filter alone; the worker can read what
+    the grading user can read. WEAK: require() refuses it unless the instructor allows it.
 
-Both modes add, through a small launcher run in front of everything:
+Every mode adds, in the launcher (autograder/engine/confine.py):
 - a seccomp filter that refuses new processes (fork, vfork, clone without CLONE_THREAD; clone3 is
-  answered ENOSYS so that glibc falls back to clone for threads) and a few kernel interfaces a
-  worker never needs (unshare, setns, ptrace, mount, bpf, perf_event_open, keyctl, ...). This is
-  the fork-bomb defence: RLIMIT_NPROC alone does not bind root, and we grade as root;
-- RLIMIT_NPROC / RLIMIT_NOFILE / RLIMIT_CORE / RLIMIT_MEMLOCK. Memory (RLIMIT_AS), CPU time and
-  file size are the engine's own per-worker limits (autograder.engine Limits), set in the worker's
-  bootstrap; the launcher leaves them alone so the engine can still set them.
+  answered ENOSYS so that glibc falls back to clone for threads), file-backed anonymous memory
+  (memfd_create, memfd_secret) and SysV shared memory (shmget), every socket but AF_UNIX, and the
+  kernel interfaces a worker never needs (unshare, setns, ptrace, mount, bpf, io_uring, ...);
+- RLIMIT_NPROC / RLIMIT_NOFILE / RLIMIT_CORE / RLIMIT_MEMLOCK. Memory (RLIMIT_AS), CPU time and file
+  size are the engine's own per-worker limits (autograder.engine Limits).
 
-`python -m instructor.sandbox` runs the self-test and prints the mode this machine gets.
+`python -m instructor.sandbox [--mode M]` runs the self-test and prints the mode this machine gets;
+it exits 1, with one line, when the mode asked for is not available.
 """
 from __future__ import annotations
 
@@ -35,7 +42,8 @@ import struct
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+import secrets as _secrets
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -45,32 +53,57 @@ ROOT = Path(__file__).resolve().parent.parent
 SECRET_PATHS = (ROOT / "solutions", ROOT / "instructor", ROOT / "autograder" / "tests")
 
 
+UID_BASE = 64000  # default unprivileged uid (judge slot i uses UID_BASE + i)
+ENGINE_DIR = ROOT / "autograder" / "engine"
+CONFINE = ENGINE_DIR / "confine.py"  # the launcher (standard library only)
+MODES = ("auto", "bubblewrap", "uid", "rlimits")
+ENV_MODE = "GRADER_SANDBOX"  # forces a mode for every channel (e.g. uid: bubblewrap made unavailable)
+ENV_BWRAP = "GRADER_BWRAP"  # the bwrap program to use (default: bwrap on PATH)
+
+
+def secret_paths() -> list[Path]:
+    """SECRET_PATHS plus the repository's git folder (its history holds the solutions)."""
+    out = list(SECRET_PATHS)
+    git = ROOT / ".git"
+    if git.is_dir():
+        out.append(git)
+    return out
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """What the launcher sets (the engine sets memory, CPU time and file size itself)."""
 
     nproc: int = 64  # processes + threads of the sandbox uid (the worker uses 1 torch thread)
-    nofile: int = 256  # open files
+    nofile: int = 64  # open files: with RLIMIT_FSIZE this bounds what open files can hold
     memlock_bytes: int = 64 << 10
-    tmp_bytes: int = 64 << 20  # size of the private /tmp (bubblewrap mode)
+    tmp_bytes: int = 64 << 20  # size of the private /tmp and /dev/shm (bubblewrap mode)
 
 
 # ---------------------------------------------------------------------------------------------
-# seccomp: "no new processes" as a classic BPF program (struct sock_filter[]), built here so that
-# no library is needed. Syscall numbers per architecture; other architectures get no filter.
+# seccomp as a classic BPF program (struct sock_filter[]), built here so that no library is
+# needed. Syscall numbers per architecture; other architectures get no filter.
 
+_DENY = ("unshare", "setns", "ptrace", "mount", "umount2", "pivot_root", "chroot", "bpf", "perf_event_open",
+         "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load", "memfd_create", "shmget",
+         "io_uring_setup", "process_vm_writev", "open_by_handle_at")
 _ARCH = {  # machine -> (AUDIT_ARCH_*, {syscall: nr})
     "x86_64": (0xC000003E, dict(fork=57, vfork=58, clone=56, clone3=435, unshare=272, setns=308, ptrace=101,
                                 mount=165, umount2=166, pivot_root=155, chroot=161, bpf=321,
                                 perf_event_open=298, userfaultfd=323, keyctl=250, add_key=248,
-                                request_key=249, kexec_load=246)),
+                                request_key=249, kexec_load=246, memfd_create=319, memfd_secret=447,
+                                shmget=29, socket=41, io_uring_setup=425, process_vm_writev=311,
+                                open_by_handle_at=304)),
     "aarch64": (0xC00000B7, dict(clone=220, clone3=435, unshare=97, setns=268, ptrace=117, mount=40,
                                  umount2=39, pivot_root=41, chroot=51, bpf=280, perf_event_open=241,
-                                 userfaultfd=282, keyctl=219, add_key=217, request_key=218, kexec_load=104)),
+                                 userfaultfd=282, keyctl=219, add_key=217, request_key=218, kexec_load=104,
+                                 memfd_create=279, memfd_secret=447, shmget=194, socket=198,
+                                 io_uring_setup=425, process_vm_writev=271, open_by_handle_at=265)),
 }
-_EPERM, _EAGAIN, _ENOSYS = 1, 11, 38
+_EPERM, _EAGAIN, _EACCES, _ENOSYS = 1, 11, 13, 38
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _CLONE_THREAD = 0x00010000
+_AF_UNIX = 1
 
 
 def no_fork_filter(machine: str | None = None) -> bytes | None:
@@ -92,62 +125,16 @@ def no_fork_filter(machine: str | None = None) -> bytes | None:
         if name in nr:
             prog += [jeq(nr[name], 0, 1), ret(_RET_ERRNO | _EAGAIN)]
     prog += [jeq(nr["clone3"], 0, 1), ret(_RET_ERRNO | _ENOSYS)]  # glibc then uses clone
-    # clone: a thread (CLONE_THREAD in flags = args[0], low word at offset 16) is fine, a process not
-    prog += [jeq(nr["clone"], 0, 4), ld(16), jset(_CLONE_THREAD, 0, 1), ret(_RET_ALLOW), ret(_RET_ERRNO | _EAGAIN)]
-    for name in ("unshare", "setns", "ptrace", "mount", "umount2", "pivot_root", "chroot", "bpf",
-                 "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load"):
+    prog += [jeq(nr["memfd_secret"], 0, 1), ret(_RET_ERRNO | _ENOSYS)]
+    for name in _DENY:
         prog += [jeq(nr[name], 0, 1), ret(_RET_ERRNO | _EPERM)]
+    # socket: AF_UNIX (domain = args[0], low word at offset 16) only; no network family at all
+    prog += [jeq(nr["socket"], 0, 3), ld(16), jeq(_AF_UNIX, 4, 0), ret(_RET_ERRNO | _EACCES)]
+    # clone: a thread (CLONE_THREAD in flags = args[0]) is fine, a process not. Both branches above
+    # that reload args[0] end here, with the accumulator holding args[0] (socket: AF_UNIX -> allow).
+    prog += [jeq(nr["clone"], 0, 4), ld(16), jset(_CLONE_THREAD, 0, 1), ret(_RET_ALLOW), ret(_RET_ERRNO | _EAGAIN)]
     prog.append(ret(_RET_ALLOW))
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
-
-
-# The launcher: `python -I -S -c LAUNCHER CONFIG_JSON argv...`. Standard library only, nothing
-# from the course: it runs before anything is sandboxed. It
-# - dies with the judge that started it (PR_SET_PDEATHSIG), so no worker outlives its judge (the
-#   signal fires when the judge THREAD that started it ends: start workers from a long-lived thread);
-# - sets the limits (only ever lower);
-# - without bubblewrap: installs the seccomp program itself and execs the worker;
-# - with bubblewrap: hands the program to bwrap on a pipe (--seccomp FD; bwrap applies it to the
-#   worker after setting up the namespaces), runs bwrap as its child and, when the worker was
-#   killed by a signal (bwrap reports that as exit status 128+N), dies of the same signal, so the
-#   judge sees "crashed (signal 11, SIGSEGV)" rather than "exited with status 139".
-LAUNCHER = r"""
-import ctypes, json, os, resource, signal, sys
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(1, signal.SIGKILL, 0, 0, 0)
-cfg = json.loads(sys.argv[1]); argv = sys.argv[2:]
-INF = resource.RLIM_INFINITY
-lo = lambda a, b: b if a == INF else a if b == INF else min(a, b)
-for name, value in cfg["rlimits"].items():
-    r = getattr(resource, name); soft, hard = resource.getrlimit(r)
-    resource.setrlimit(r, (lo(soft, value), lo(hard, value)))
-bpf = bytes.fromhex(cfg.get("seccomp") or "")
-if cfg["mode"] != "bwrap":
-    if bpf:
-        class Prog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-        prog = Prog(len(bpf) // 8, bpf)
-        if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
-            sys.exit("sandbox launcher: could not install the seccomp filter (errno %d)" % ctypes.get_errno())
-    os.execvp(argv[0], argv)
-if bpf:
-    rd, wr = os.pipe(); os.write(wr, bpf); os.close(wr); os.set_inheritable(rd, True)
-    argv = [str(rd) if a == "@SECCOMP_FD@" else a for a in argv]
-pid = os.fork()
-if pid == 0:
-    os.execvp(argv[0], argv)
-null = os.open(os.devnull, os.O_RDWR)
-for fd in (0, 1, 2):
-    os.dup2(null, fd)  # only bwrap holds the judge's pipes: they close exactly when the sandbox ends
-if bpf:
-    os.close(rd)
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-sig = -code if code < 0 else code - 128 if 128 < code < 128 + 65 else 0
-if sig:
-    signal.signal(sig, signal.SIG_DFL)
-    os.kill(os.getpid(), sig)
-os._exit(code & 0xFF)
-"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,45 +142,111 @@ os._exit(code & 0xFF)
 
 @dataclass
 class Sandbox:
-    """A worker_prefix factory. `mode` is what every report shows ("bubblewrap" or
-    "rlimits-only (<reason>)"); `process_limit` says how new processes are refused."""
+    """A worker_prefix factory. `mode` is what every report shows ("bubblewrap", "unprivileged-uid
+    (...)" or "rlimits-only (<reason>)"); `kind` is bubblewrap / uid / rlimits."""
 
     mode: str
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     bwrap: str | None = None
     setpriv: str | None = None
     seccomp: bytes | None = None
-    uid: int | None = None  # unprivileged uid for the worker (bubblewrap mode, when grading as root)
+    uid: int | None = None  # unprivileged uid for the worker (bubblewrap mode as root; uid mode)
+    kind: str = "rlimits"
+    landlock_abi: int = 0  # uid mode: the Landlock ABI applied to every worker (0: permissions only)
+    spool: str | None = None  # uid mode: parent of the workers' scratch folders (root-owned, 0711)
+
+    def __post_init__(self) -> None:
+        if self.bwrap and self.kind == "rlimits":
+            self.kind = "bubblewrap"
+
+    @property
+    def isolating(self) -> bool:
+        """True when the worker cannot read the instructor's files nor write where others read."""
+        return self.kind in ("bubblewrap", "uid")
 
     @property
     def process_limit(self) -> str:
         if self.seccomp:
-            return "seccomp filter: no fork/clone of new processes"
+            return "seccomp filter: no fork/clone of new processes, no memfd/shm, no network sockets"
         if self.uid is not None:
             return f"RLIMIT_NPROC={self.limits.nproc} for uid {self.uid}"
         return "none beyond the engine's time limit (no seccomp on this architecture)"
 
     def describe(self) -> dict:
-        return {"sandbox": self.mode, "process_limit": self.process_limit,
-                "uid": self.uid if self.bwrap else None, "limits": self.limits.__dict__}
+        return {"sandbox": self.mode, "sandbox_kind": self.kind, "process_limit": self.process_limit,
+                "uid": self.uid if self.kind != "rlimits" else None, "landlock_abi": self.landlock_abi,
+                "limits": self.limits.__dict__}
 
     def with_uid(self, uid: int | None) -> "Sandbox":
-        return Sandbox(self.mode, self.limits, self.bwrap, self.setpriv, self.seccomp,
-                       uid if (self.bwrap and self.setpriv) else None)
+        if self.kind == "uid":  # a spool of its own: its sweep() must not touch another slot's workers
+            return replace(self, uid=uid if uid is not None else UID_BASE, spool=None)
+        return replace(self, uid=uid if (self.bwrap and self.setpriv) else None)
 
     # the engine calls this with the paths the worker needs (readable), once per worker start
     def __call__(self, paths: Sequence[str]) -> list[str]:
         return self.prefix(paths)
 
-    def prefix(self, paths: Sequence[str]) -> list[str]:
+    def _rlimits(self) -> dict:
         rl = {"RLIMIT_NOFILE": self.limits.nofile, "RLIMIT_CORE": 0, "RLIMIT_MEMLOCK": self.limits.memlock_bytes}
         if self.uid is not None or not self.bwrap:
             rl["RLIMIT_NPROC"] = self.limits.nproc
-        cfg = {"rlimits": rl, "seccomp": (self.seccomp or b"").hex(), "mode": "bwrap" if self.bwrap else "plain"}
-        launcher = [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(cfg)]
-        if not self.bwrap:
-            return launcher
-        return launcher + self._bwrap_argv(paths)
+        return rl
+
+    def confinement(self, paths: Sequence[str]) -> dict:
+        """The config of autograder/engine/confine.py for one worker that reads `paths` (uid and
+        rlimits modes; also what the fork server applies in each forked worker)."""
+        cfg = {"rlimits": self._rlimits(), "seccomp": (self.seccomp or b"").hex(), "mode": self.kind}
+        if self.kind == "uid":
+            binds = _bind_list(paths)
+            for b in binds:
+                _make_traversable(b, self.uid)
+                _check_ancestors(b)
+            cfg.update(uid=self.uid, gid=self.uid, scratch=self._new_scratch())
+            if self.landlock_abi:
+                cfg["landlock"] = {"abi": self.landlock_abi, "read": landlock_read_paths(binds),
+                                   "write": ["/dev/null"]}
+        return cfg
+
+    def _new_scratch(self) -> str:
+        if self.spool is None or not os.path.isdir(self.spool):
+            self.spool = tempfile.mkdtemp(prefix="sandbox-scratch-", dir=_scratch_parent())
+            os.chmod(self.spool, 0o711)  # traversable, not listable: each scratch name is random
+        return os.path.join(self.spool, _secrets.token_hex(12))
+
+    def prefix(self, paths: Sequence[str]) -> list[str]:
+        if self.kind == "bubblewrap":
+            cfg = {"rlimits": self._rlimits(), "seccomp": (self.seccomp or b"").hex(), "mode": "bwrap"}
+            return [sys.executable, "-I", "-S", str(CONFINE), json.dumps(cfg), *self._bwrap_argv(paths)]
+        return [sys.executable, "-I", "-S", str(CONFINE), json.dumps(self.confinement(paths))]
+
+    def sweep(self) -> list[str]:
+        """After a submission (uid mode): remove the workers' scratch folders and every file the
+        sandbox uid left in the world-writable folders, so that no later submission reads it.
+        Returns what was removed."""
+        removed: list[str] = []
+        if self.kind != "uid" or self.uid is None:
+            return removed
+        if self.spool and os.path.isdir(self.spool):
+            removed += [os.path.join(self.spool, name) for name in os.listdir(self.spool)]
+            shutil.rmtree(self.spool, ignore_errors=True)  # the next worker makes a new one
+        self.spool = None
+        for top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+            try:
+                entries = list(os.scandir(top))
+            except OSError:
+                continue
+            for e in entries:
+                try:
+                    if e.stat(follow_symlinks=False).st_uid != self.uid:
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        shutil.rmtree(e.path, ignore_errors=True)
+                    else:
+                        os.unlink(e.path)
+                    removed.append(e.path)
+                except OSError:
+                    pass
+        return removed
 
     def _bwrap_argv(self, paths: Sequence[str]) -> list[str]:
         binds = _bind_list(paths)
@@ -229,7 +282,18 @@ class Sandbox:
             mkdirs(b)
             argv.extend(["--ro-bind", str(b), str(b)])
             made.add(str(b))
-        argv += ["--proc", "/proc", "--dev", "/dev", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
+        # the unresolved spellings of the binds (a symlinked .venv, sys.executable through it) as
+        # symlinks to what was bound: the worker is started, and imports, through them
+        bound = [str(b) for b in binds] + ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"]
+        for link, target in _link_aliases(paths):
+            # a link inside a bound tree is there already; elsewhere (the tmpfs, fresh folders) it is made
+            if link not in made and not any(link == b or link.startswith(b + "/") for b in bound):
+                mkdirs(Path(link))
+                argv.extend(["--symlink", target, link])
+                made.add(link)
+        argv += ["--proc", "/proc", "--dev", "/dev",
+                 "--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", "/dev/shm",
+                 "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
         if self.seccomp:
             argv += ["--seccomp", "@SECCOMP_FD@"]
         if self.uid is not None:
@@ -242,6 +306,61 @@ class Sandbox:
         else:
             argv.append("--")
         return argv
+
+
+def _fs_type(path: str) -> str:
+    """The file-system type of the mount that holds `path` (from /proc/self/mounts)."""
+    best, kind = "", "?"
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2:
+                    mnt = fields[1].replace("\\040", " ")
+                    if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                        best, kind = mnt, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def _scratch_parent() -> str:
+    """Where the uid mode's scratch folders go: a disk-backed temp folder if there is one. Files on a
+    tmpfs are memory that RLIMIT_AS does not count (RLIMIT_FSIZE bounds each file, not their number)."""
+    candidates = [str(Path(tempfile.gettempdir()).resolve()), "/var/tmp"]
+    for c in candidates:
+        if os.path.isdir(c) and _fs_type(c) not in ("tmpfs", "ramfs"):
+            return c
+    return candidates[0]
+
+
+def landlock_read_paths(binds: Sequence[Path]) -> list[str]:
+    """What a uid-mode worker may read: the binds, the system's libraries and the few files of /etc,
+    /proc and /sys that the interpreter and torch read, the devices it opens."""
+    system = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
+              "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime",
+              "/proc", "/sys/devices/system/cpu", "/sys/fs/cgroup", "/dev/null", "/dev/zero", "/dev/urandom",
+              "/dev/random"]
+    return [*(str(b) for b in binds), *(p for p in system if os.path.exists(p))]
+
+
+def _link_aliases(paths: Sequence[str]) -> list[tuple[str, str]]:
+    """(unresolved path, its target) for every path whose spelling goes through a symlink, plus
+    sys.executable's: the worker is started as sys.executable."""
+    out: list[tuple[str, str]] = []
+    for p in [*paths, sys.executable]:
+        p = os.path.abspath(p)
+        cur = "/"
+        for part in Path(p).parts[1:]:
+            nxt = os.path.join(cur, part)
+            if os.path.islink(nxt):
+                target = os.path.realpath(nxt)
+                if (nxt, target) not in out:
+                    out.append((nxt, target))
+                cur = target
+            else:
+                cur = nxt
+    return out
 
 
 def _bind_list(paths: Sequence[str]) -> list[Path]:
@@ -263,28 +382,77 @@ def _bind_list(paths: Sequence[str]) -> list[Path]:
     return kept
 
 
-def _make_traversable(path: Path) -> None:
+def _make_traversable(path: Path, gid: int | None = None) -> None:
     """Private temp folders (the engine's submission copy) are 0700, and a strict umask makes their
     files 0600; the worker's uid must read them. Only trees under the temp directory that this user
-    owns are touched (made world-readable, never writable); anything else must already be readable."""
+    owns are touched, never made writable: with `gid` (uid mode) they are given to the worker's
+    group (g+rX, nothing for others: another judge slot's uid cannot read them); without it
+    (bubblewrap mode, nothing else is mounted) they are made world-readable. Anything else must
+    already be readable."""
     try:
         st = path.stat()
     except OSError:
         return
-    if not stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXOTH and st.st_mode & stat.S_IROTH:
+    if not stat.S_ISDIR(st.st_mode):
         return
-    if not (path.is_relative_to(Path(tempfile.gettempdir()).resolve()) and st.st_uid == os.getuid()):
+    if gid is None and st.st_mode & stat.S_IXOTH and st.st_mode & stat.S_IROTH:
+        return
+    in_tmp = path.is_relative_to(Path(tempfile.gettempdir()).resolve()) and st.st_uid == os.getuid()
+    if gid is not None and not in_tmp:
+        if st.st_mode & stat.S_IXOTH and st.st_mode & stat.S_IROTH:
+            return
         raise SandboxError(f"{path} is not readable by the sandbox user; make it world-readable")
-    os.chmod(path, st.st_mode | 0o055)
+    if not in_tmp:
+        raise SandboxError(f"{path} is not readable by the sandbox user; make it world-readable")
+    if gid is not None and st.st_gid == gid and st.st_mode & 0o050 == 0o050:
+        return  # done for an earlier worker
+    dir_bits, file_bits = (0o050, 0o040) if gid is not None else (0o055, 0o044)
+
+    def fix(p: str, bits: int) -> None:
+        s = os.lstat(p)
+        if stat.S_ISLNK(s.st_mode):
+            return
+        if gid is not None:
+            os.chown(p, -1, gid)
+            os.chmod(p, (s.st_mode | bits) & ~0o007 & ~0o020)
+        else:
+            os.chmod(p, s.st_mode | bits)
+
+    fix(str(path), dir_bits)
     for top, dirs, files in os.walk(path):
         for d in dirs:
-            p = os.path.join(top, d)
-            if not os.path.islink(p):
-                os.chmod(p, os.stat(p).st_mode | 0o055)
+            fix(os.path.join(top, d), dir_bits)
         for f in files:
-            p = os.path.join(top, f)
-            if not os.path.islink(p):
-                os.chmod(p, os.stat(p).st_mode | 0o044)
+            fix(os.path.join(top, f), file_bits)
+
+
+def _check_ancestors(path: Path) -> None:
+    """Every folder above a path the worker reads must let "others" traverse it (uid mode: no
+    mount namespace gives the worker fresh ones, as bubblewrap does)."""
+    for anc in path.parents:
+        try:
+            mode = anc.stat().st_mode
+        except OSError:
+            continue
+        if not mode & stat.S_IXOTH:
+            raise SandboxError(f"{anc} (mode {stat.S_IMODE(mode):o}) is not traversable by the sandbox uid, "
+                               f"and {path} below it is needed by every worker; install Python and the venv "
+                               f"elsewhere, or allow traversal only: chmod o+x {anc}")
+
+
+def hide_instructor_files(paths: Sequence[Path] | None = None) -> list[str]:
+    """Close the instructor's secret folders to "others" (mode o-rwx): the uid mode's file-permission
+    layer, under Landlock or without it. Only folders this user owns; returns those changed."""
+    changed = []
+    for p in paths if paths is not None else secret_paths():
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and st.st_mode & 0o007:
+            os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o007)
+            changed.append(str(p))
+    return changed
 
 
 class SandboxError(RuntimeError):
@@ -295,89 +463,195 @@ class SandboxError(RuntimeError):
 # detection and self-test
 
 _SELF_TEST = r"""
-import os, socket, sys
-secret, bound = sys.argv[1], sys.argv[2]
+import json, os, socket, sys
+cfg = json.loads(sys.argv[1])
 bad = []
 try:
     socket.create_connection(("1.1.1.1", 53), timeout=2).close(); bad.append("network reachable")
 except OSError:
     pass
-if os.path.exists(secret): bad.append("secret path visible: " + secret)
-try:
-    open(os.path.join(bound, ".sandbox-probe"), "w").close(); bad.append("bound folder writable")
-except OSError:
-    pass
-try:
-    open("/tmp/probe", "w").close()
-except OSError as e:
-    bad.append("private /tmp not writable: %s" % e)
+for p in cfg["unreadable"]:
+    try:
+        os.listdir(p) if os.path.isdir(p) else open(p, "rb").close(); bad.append("readable: " + p)
+    except OSError:
+        pass
+for p in cfg["unwritable"]:
+    try:
+        open(os.path.join(p, ".sandbox-probe-%d" % os.getpid()), "w").close(); bad.append("writable: " + p)
+    except OSError:
+        pass
+for p in cfg["readable"]:
+    try:
+        open(p, "rb").close()
+    except OSError as e:
+        bad.append("cannot read %s: %s" % (p, e))
+for p in cfg["writable"]:
+    try:
+        open(os.path.join(p, "probe"), "w").close()
+    except OSError as e:
+        bad.append("private scratch %s not writable: %s" % (p, e))
 try:
     pid = os.fork()
     if pid == 0: os._exit(0)
     os.waitpid(pid, 0); fork = "fork allowed"
 except OSError:
     fork = "fork refused"
-print("SANDBOX-OK" if not bad else "SANDBOX-BAD " + "; ".join(bad), fork, "uid=%d" % os.getuid())
+try:
+    os.close(os.memfd_create("probe")); memfd = "memfd allowed"
+except OSError:
+    memfd = "memfd refused"
+print("SANDBOX-OK" if not bad else "SANDBOX-BAD " + "; ".join(bad), fork, memfd, "uid=%d" % os.getuid())
 """
 
 
 def _run_probe(box: Sandbox, probe_dir: Path) -> tuple[bool, str]:
-    argv = box.prefix([str(probe_dir), sys.base_prefix, sys.prefix]) + [
-        sys.executable, "-I", "-S", "-c", _SELF_TEST, str(SECRET_PATHS[0]), str(probe_dir)]
+    """Start the self-test through the box, with the paths a worker gets (this interpreter's, through
+    their unresolved spellings too), and check each promise of the mode."""
+    paths = [str(probe_dir), str(ROOT / "course"), str(ROOT / "autograder" / "scenarios"), str(ENGINE_DIR),
+             sys.base_prefix, sys.prefix, *_site_dirs()]
+    if box.kind == "uid":
+        cfg = box.confinement(paths)
+        argv = [sys.executable, "-I", "-S", str(CONFINE), json.dumps(cfg)]
+        scratch = cfg["scratch"]
+    else:
+        argv, scratch = box.prefix(paths), "/tmp"
+    checks = {"unreadable": [], "unwritable": [str(probe_dir)], "writable": [scratch],
+              "readable": [str(ROOT / "course" / "__init__.py"), str(ENGINE_DIR / "worker.py")]}
+    if box.isolating:
+        checks["unreadable"] = [str(p) for p in secret_paths()]
+        checks["unwritable"] += [str(ROOT / "course"), str(ROOT), "/root"]
+        if box.kind == "bubblewrap" or box.landlock_abi:
+            checks["unwritable"] += ["/tmp", "/dev/shm", "/var/tmp"] if box.kind == "uid" else []
+    argv += [sys.executable, "-I", "-S", "-c", _SELF_TEST, json.dumps(checks)]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"{type(e).__name__}: {e}"
+    finally:
+        box.sweep()
     out = (r.stdout.strip().splitlines() or [""])[-1]
     if r.returncode != 0 or not out.startswith("SANDBOX-OK"):
         err = (r.stderr.strip().splitlines() or [out or f"exit status {r.returncode}"])[-1]
-        return False, (out if out.startswith("SANDBOX-BAD") else err)[:200]
+        return False, (out if out.startswith("SANDBOX-BAD") else err)[:300]
     if box.seccomp and "fork refused" not in out:
         return False, "the seccomp filter did not refuse fork"
+    if box.seccomp and "memfd refused" not in out:
+        return False, "the seccomp filter did not refuse memfd_create"
     if box.uid is not None and f"uid={box.uid}" not in out:
         return False, f"the worker did not run as uid {box.uid}"
     return True, out
 
 
-@lru_cache(maxsize=None)
+def _site_dirs() -> list[str]:
+    import site
+
+    return [p for p in site.getsitepackages() if os.path.isdir(p)]
+
+
+def _probe_dir() -> tempfile.TemporaryDirectory:
+    d = tempfile.TemporaryDirectory(prefix="sandbox-probe-")
+    os.chmod(d.name, 0o755)
+    return d
+
+
+def _try_bubblewrap(seccomp, limits) -> tuple[Sandbox | None, str]:
+    bwrap = shutil.which(os.environ.get(ENV_BWRAP) or "bwrap")
+    if not bwrap:
+        return None, "bwrap not found; install the Debian package bubblewrap"
+    setpriv = shutil.which("setpriv") if os.getuid() == 0 else None
+    with _probe_dir() as d:
+        box = Sandbox("bubblewrap", limits, bwrap, setpriv, seccomp, UID_BASE + 99 if setpriv else None, "bubblewrap")
+        ok, why = _run_probe(box, Path(d))
+        if not ok and box.uid is not None:  # retry without the uid drop before giving up
+            box = Sandbox("bubblewrap", limits, bwrap, None, seccomp, None, "bubblewrap")
+            ok, why = _run_probe(box, Path(d))
+    return (replace(box, uid=None) if ok else None), f"bwrap failed its self-test: {why}"
+
+
+def _try_uid(seccomp, limits) -> tuple[Sandbox | None, str]:
+    if os.getuid() != 0:
+        return None, "the unprivileged-uid sandbox needs the grader to run as root (to drop to another uid)"
+    if not seccomp:
+        return None, f"no seccomp filter for this architecture ({platform.machine()})"
+    from autograder.engine import confine
+
+    abi = confine.landlock_abi()
+    hide_instructor_files()
+    how = f"Landlock ABI {abi}" if abi else "file permissions; no Landlock on this kernel"
+    box = Sandbox(f"unprivileged-uid ({how})", limits, None, None, seccomp, UID_BASE + 99, "uid", abi)
+    with _probe_dir() as d:
+        try:
+            ok, why = _run_probe(box, Path(d))
+        except SandboxError as e:
+            ok, why = False, str(e)
+    box.uid, box.spool = None, None
+    return (box if ok else None), f"the unprivileged-uid sandbox failed its self-test: {why}"
+
+
 def detect(prefer: str = "auto") -> Sandbox:
-    """The strongest sandbox that passes its self-test here. prefer="rlimits" forces the fallback
-    (e.g. for comparison runs); the reason then says so."""
+    """The strongest sandbox that passes its self-test here, or the rlimits-only fallback, whose mode
+    says why. prefer: auto, bubblewrap, uid (bubblewrap is then not tried) or rlimits (forced).
+    The environment variable GRADER_SANDBOX overrides "auto". Use require() to fail closed.
+    Cached per mode and environment (the self-test runs once per process)."""
+    if prefer == "auto":
+        prefer = os.environ.get(ENV_MODE, "auto") or "auto"
+    return _detect(prefer, os.environ.get(ENV_BWRAP, ""))
+
+
+@lru_cache(maxsize=None)
+def _detect(prefer: str, _bwrap_env: str) -> Sandbox:
+    if prefer not in MODES:
+        raise SandboxError(f"unknown sandbox mode {prefer!r}; choose one of {', '.join(MODES)}")
     seccomp = no_fork_filter()
     limits = SandboxLimits()
-    reason = "forced by the caller" if prefer == "rlimits" else None
-    if reason is None:
-        bwrap = shutil.which("bwrap")
-        if not bwrap:
-            reason = "bwrap not found; install the Debian package bubblewrap"
-        else:
-            setpriv = shutil.which("setpriv") if os.getuid() == 0 else None
-            with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as d:
-                os.chmod(d, 0o755)
-                box = Sandbox("bubblewrap", limits, bwrap, setpriv, seccomp, 65534 if setpriv else None)
-                ok, why = _run_probe(box, Path(d))
-                if not ok and box.uid is not None:  # retry without the uid drop before giving up
-                    box = Sandbox("bubblewrap", limits, bwrap, None, seccomp, None)
-                    ok, why = _run_probe(box, Path(d))
-                if ok:
-                    return box
-                reason = f"bwrap failed its self-test: {why}"
-    box = Sandbox(f"rlimits-only ({reason})", limits, None, None, seccomp, None)
-    if seccomp:  # without bubblewrap only the launcher's part can be checked: is fork refused?
-        with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as d:
+    reasons = []
+    if prefer == "rlimits":
+        reasons.append("forced by the caller")
+    if prefer in ("auto", "bubblewrap"):
+        box, why = _try_bubblewrap(seccomp, limits)
+        if box:
+            return box
+        reasons.append(why)
+    if prefer in ("auto", "uid"):
+        box, why = _try_uid(seccomp, limits)
+        if box:
+            return box
+        reasons.append(why)
+    box = Sandbox(f"rlimits-only ({'; '.join(reasons)})", limits, None, None, seccomp, None, "rlimits")
+    if seccomp:  # without isolation only the launcher's part can be checked: is fork refused?
+        with _probe_dir() as d:
             _, out = _run_probe(box, Path(d))
         if "fork refused" not in out:
             box.seccomp = None
     return box
 
 
+def require(mode: str = "auto", allow_weak: bool = False) -> Sandbox:
+    """detect(mode), failing closed: raises SandboxError (one line) unless the result isolates the
+    worker (bubblewrap or unprivileged-uid) and is the mode asked for, or allow_weak accepts the
+    rlimits-only fallback. mode "rlimits" itself needs allow_weak."""
+    box = detect(mode)
+    want = os.environ.get(ENV_MODE, "auto") if mode == "auto" else mode
+    if box.isolating and (want in ("auto", box.kind)):
+        return box
+    if allow_weak:
+        return box
+    raise SandboxError(f"refusing to grade: sandbox mode {want!r} is not available here ({box.mode}); "
+                       f"fix that, or pass --allow-weak-sandbox to grade with resource limits only")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m instructor.sandbox", description=__doc__.split("\n")[0])
-    ap.add_argument("--prefer", choices=["auto", "rlimits"], default="auto")
+    ap.add_argument("--mode", "--prefer", choices=MODES, default="auto", dest="mode")
+    ap.add_argument("--allow-weak-sandbox", action="store_true")
     args = ap.parse_args(argv)
-    box = detect(args.prefer)
+    try:
+        box = require(args.mode, args.allow_weak_sandbox)
+    except SandboxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(box.describe(), indent=2))
     return 0
 

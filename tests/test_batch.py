@@ -10,8 +10,10 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -153,12 +155,13 @@ def test_intake_rejects_whole_submissions_it_cannot_use(tmp_path):
 
 def test_sandbox_hides_secrets_blocks_network_and_fork(tmp_path):
     box = detect()
-    assert box.mode == "bubblewrap" or box.mode.startswith("rlimits-only (")
-    probe = tmp_path / "probe"
-    probe.mkdir()
+    assert box.mode == "bubblewrap" or box.mode.startswith(("unprivileged-uid (", "rlimits-only ("))
+    probe = Path(tempfile.mkdtemp(prefix="sandbox-probe-"))  # its parents must be traversable (uid mode)
     os.chmod(probe, 0o755)
     code = ("import os, socket, sys\n"
-            "r = {'secret': os.path.exists(sys.argv[1])}\n"
+            "r = {}\n"
+            "try:\n    os.listdir(sys.argv[1]); r['secret'] = True\n"  # visible and readable
+            "except OSError:\n    r['secret'] = False\n"
             "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); r['net'] = True\n"
             "except OSError:\n    r['net'] = False\n"
             "try:\n    open(os.path.join(sys.argv[2], 'w'), 'w'); r['write'] = True\n"
@@ -166,14 +169,19 @@ def test_sandbox_hides_secrets_blocks_network_and_fork(tmp_path):
             "try:\n    pid = os.fork()\n    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0); r['fork'] = True\n"
             "except OSError:\n    r['fork'] = False\n"
             "r['uid'] = os.getuid(); print(r)\n")
-    argv = box.with_uid(64099).prefix([str(probe), sys.base_prefix, sys.prefix]) + [
+    boxed = box.with_uid(64099)
+    argv = boxed.prefix([str(probe), sys.base_prefix, sys.prefix]) + [
         sys.executable, "-I", "-S", "-c", code, str(SECRET_PATHS[0]), str(probe)]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        boxed.sweep()
+        shutil.rmtree(probe, ignore_errors=True)
     assert out.returncode == 0, out.stderr
     r = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 -- our own probe's dict
     if no_fork_filter() is not None:
         assert r["fork"] is False  # the seccomp filter refuses new processes in both modes
-    if box.bwrap:
+    if box.isolating:
         assert (r["secret"], r["net"], r["write"]) == (False, False, False)
         if box.uid is not None:
             assert r["uid"] == 64099

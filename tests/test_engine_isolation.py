@@ -389,3 +389,26 @@ def test_memory_bomb_at_import_counts_as_a_loss(probe, tmp_path):
     assert tests[0]["message"].startswith("importing probe.py failed: ran out of memory while allocating 10.0 GiB"), \
         tests[0]["message"]
     assert tests[-1]["message"].startswith("not run: the worker already timed out or crashed 2 times")
+
+
+def test_a_reply_larger_than_the_cap_costs_the_call_unread(probe, tmp_path):
+    """The judge refuses a reply over limits.reply_cap_mb from its length prefix, before reading it:
+    two large replies once raised the judge from 0.26 GB to 4.4 GB."""
+    big = BENIGN_PROBE.replace("def ok():\n    return 1.5\n", "def ok():\n    return 'x' * (3 << 20)\n")
+    sub = write(tmp_path / "sub", {"probe.py": big, "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[1], limits={"reply_cap_mb": 1})
+    oks = [t for name, t in by_name(report).items() if name.startswith("test_call[ok")]
+    assert oks and all(t["outcome"] == "failed" for t in oks), oks
+    message = oks[0]["message"]
+    assert "probe.ok returned 3 MB of data; a reply may hold at most 1 MB" in message and "\n" not in message
+    assert by_name(report)["test_add"]["outcome"] == "passed"  # the next call gets a fresh worker
+
+
+def test_a_call_time_limit_from_call_timeouts(probe, tmp_path):
+    """limits.call_timeouts (the batch scales them from the reference's own time) bounds one target's
+    calls below call_timeout_s: a hanging call then costs a fraction of the default limit."""
+    hang = BENIGN_PROBE.replace("def loop():\n    return 1.5\n", "def loop():\n    while True:\n        pass\n")
+    sub = write(tmp_path / "sub", {"probe.py": hang, "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[1], limits={"call_timeouts": {"probe.loop": 0.5}})
+    assert "timed out after 0.5 s in probe.loop" in by_name(report)["test_call[loop]"]["message"]
+    assert by_name(report)["test_call[eq]"]["outcome"] == "passed"

@@ -79,17 +79,26 @@ class _Listener:
             self.sock.close()
 
 
-@pytest.fixture(scope="module")
-def red(tmp_path_factory):
-    base = tmp_path_factory.mktemp("redteam")
+# The corpus is graded in the strongest sandbox of this machine and, where that is bubblewrap, again
+# with bubblewrap made unavailable (the unprivileged-uid sandbox of Gradescope and CI containers):
+# every test below must hold in both.
+MODES = ["auto"] + (["uid"] if detect().kind == "bubblewrap" else [])
+
+
+@pytest.fixture(scope="module", params=MODES)
+def red(request, tmp_path_factory):
+    mode = request.param
+    base = tmp_path_factory.mktemp(f"redteam-{mode}")
     subs = base / "submissions"
     corpus = redteam.assemble(subs)
-    for name, spec in list(corpus.items()):  # part-3 attacks need the real part-3 tests: tests/test_redteam_kernel.py
+    for name, spec in list(corpus.items()):  # attacks on parts 2-6 need their part's real tests (test_redteam_kernel.py, test_redteam_measurement.py)
         if spec["kind"] == "attack" and spec.get("part") != 1:
             shutil.rmtree(subs / name)
             corpus.pop(name)
-    box = detect()
-    have = {"bubblewrap": box.bwrap is not None, "process_limit": "seccomp" in box.process_limit or box.uid is not None}
+    box = detect(mode)
+    # "needs = bubblewrap" in an ATTACK.toml: the defence needs an isolating sandbox (bubblewrap or
+    # the unprivileged-uid one)
+    have = {"bubblewrap": box.isolating, "process_limit": "seccomp" in box.process_limit or box.uid is not None}
     skipped = {}
     for name, spec in list(corpus.items()):
         if not have.get(spec.get("needs", ""), True):
@@ -102,7 +111,8 @@ def red(tmp_path_factory):
     before = _snapshot(ROOT)
     listener = _Listener()
     try:
-        summary = run_batch(subs, base / "out", jobs=2, options=Options(**options), progress=False)
+        summary = run_batch(subs, base / "out", jobs=2, options=Options(**options), progress=False, sandbox=mode,
+                            allow_weak=True)
     finally:
         listener.close()
     after = _snapshot(ROOT)
@@ -111,7 +121,8 @@ def red(tmp_path_factory):
     for name in HONEST:
         shutil.copytree(subs / name, alone_subs / name)
     # graded alone, in this process (jobs=0): the same engine, sandbox and limits, no other submission
-    alone = run_batch(alone_subs, base / "alone", jobs=0, options=Options(**options), progress=False)
+    alone = run_batch(alone_subs, base / "alone", jobs=0, options=Options(**options), progress=False, sandbox=mode,
+                      allow_weak=True)
 
     def view(out: str, name: str) -> dict:
         return json.loads((base / out / name / "feedback.json").read_text())
@@ -211,8 +222,8 @@ def test_nothing_secret_reaches_any_feedback(red):
 
 
 def test_no_network_connection_left_the_sandbox(red):
-    if red["box"].bwrap is None:
-        pytest.skip(f"no network namespace without bubblewrap ({red['box'].mode})")
+    if not red["box"].isolating:
+        pytest.skip(f"no network defence without an isolating sandbox ({red['box'].mode})")
     if red["listener"].sock is None:
         pytest.skip(f"port {LISTEN_PORT} busy: cannot observe the attack's connection attempts")
     assert red["listener"].connections == 0
@@ -224,8 +235,16 @@ def test_every_attack_ran_or_is_reported_undefended(red):
     assert len(_attacks(red)) == len(redteam.attacks())
 
 
+def test_call_time_limits_were_scaled_from_the_reference(red):
+    limits = red["summary"]["call_time_limits"]
+    assert limits["scaled"] is True and limits["targets"] >= 2, limits
+    loop = red["views"].get("infinite_loop")
+    if loop:  # the configured 2 s is below the floor: the smaller limit holds
+        assert any("timed out after 2 s" in t["message"] for t in loop["tests"]), loop["tests"]
+
+
 def test_every_result_says_which_sandbox_it_ran_in(red):
     mode = red["summary"]["sandbox"]
-    assert mode == red["box"].mode and (mode == "bubblewrap" or mode.startswith("rlimits-only ("))
+    assert mode == red["box"].mode and (mode == "bubblewrap" or mode.startswith(("unprivileged-uid (", "rlimits-only (")))
     for v in red["views"].values():
         assert v["sandbox"] == mode

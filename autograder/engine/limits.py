@@ -1,7 +1,7 @@
 """Limits: per-call and per-worker limits of the engine (rubric [limits], per part, or grade(limits=))."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -19,8 +19,13 @@ class Limits:
     output_keep_bytes: int = 10_000  # output kept per test for the feedback
     max_losses: int = 3  # after this many timeouts/crashes/out-of-memory calls in one part, the rest are not run
     threads: int = 1  # torch threads in the worker: deterministic, and fair in parallel batch grading
-    fork_server: bool = True  # without worker_prefix, fork workers from a pre-imported zygote (zygote.py)
+    fork_server: bool = True  # fork workers from a pre-imported zygote (zygote.py), sandboxed ones too where the sandbox allows
+    reply_cap_mb: int = 256  # a reply larger than this (plain data + tensor bytes) costs the call, unread
+    # {call target: seconds}: a call's time limit is at most this (the batch measures the reference's
+    # own time for each call and scales it, see instructor/batch.py scaled_call_timeouts)
+    call_timeouts: dict = field(default_factory=dict)
 
     def updated(self, **overrides: Any) -> "Limits":
         known = {k: v for k, v in overrides.items() if k in self.__dataclass_fields__}
         return Limits(**{**self.__dict__, **known})
+

@@ -35,6 +35,24 @@ _BOOTSTRAP = (
 
 
 
+# Per-target seconds of the calls made in this process, while record_call_times() is active: the
+# batch grades the reference once this way and scales every call's time limit from it.
+_CALL_TIMES: dict[str, float] | None = None
+
+
+class record_call_times:
+    """`with record_call_times() as times:` -> {target: longest call in seconds} of the calls made inside."""
+
+    def __enter__(self) -> dict[str, float]:
+        global _CALL_TIMES
+        self._saved, _CALL_TIMES = _CALL_TIMES, {}
+        return _CALL_TIMES
+
+    def __exit__(self, *exc) -> None:
+        global _CALL_TIMES
+        _CALL_TIMES = self._saved
+
+
 class Lost(Exception):
     """The worker can no longer be used (timeout, death, output flood, garbage on the wire)."""
 
@@ -94,12 +112,13 @@ class _PopenProc:
 class _ForkedProc:
     """A worker forked by the zygote; its exit status comes from the zygote, which reaps it."""
 
-    def __init__(self, zygote: "Zygote", env: dict, cwd: str, rlimits: dict) -> None:
+    def __init__(self, zygote: "Zygote", env: dict, cwd: str, rlimits: dict, confine: dict | None = None) -> None:
         r0, w0 = os.pipe()
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
         try:
-            self.pid = zygote.spawn([r0, w1, w2], {"env": env, "cwd": cwd, "rlimits": rlimits})
+            self.pid = zygote.spawn([r0, w1, w2], {"env": env, "cwd": cwd, "rlimits": rlimits,
+                                                   "confine": confine})
         finally:
             for fd in (r0, w1, w2):
                 os.close(fd)
@@ -137,7 +156,7 @@ def write_lib(lib_dir: Path, extra: Sequence[str] = ()) -> None:
     eng.mkdir(parents=True)
     (lib_dir / "autograder" / "__init__.py").write_text("")
     (eng / "__init__.py").write_text("")
-    for name in ("protocol.py", "worker.py", *extra):
+    for name in ("protocol.py", "worker.py", "confine.py", *extra):
         shutil.copyfile(ENGINE_DIR / name, eng / name)
     os.symlink(AUTOGRADER_DIR / "scenarios", lib_dir / "autograder" / "scenarios")
     os.symlink(REPO_ROOT / "course", lib_dir / "course")
@@ -172,6 +191,12 @@ class Zygote:
         self.root = Path(tempfile.mkdtemp(prefix="grade-zygote-"))
         self.lib_dir = self.root / "lib"
         write_lib(self.lib_dir, extra=("zygote.py",))
+        # the sandboxed workers it forks (another uid) import the engine's worker code from here:
+        # readable by all, writable by none but the judge; it holds only code that ships to students
+        for top, dirs, files in os.walk(self.root):
+            os.chmod(top, 0o755)
+            for f in files:
+                os.chmod(os.path.join(top, f), 0o644)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         boot = (f"import sys;sys.path[:0]=[{str(self.lib_dir)!r}];"
                 "from autograder.engine import zygote;zygote.main()")
@@ -238,8 +263,10 @@ class Zygote:
 class Worker:
     """One worker process, started at construction; `ready()` waits for it.
 
-    Started through the zygote (fork server) when there is no worker_prefix and
-    limits.fork_server is on, else directly as `[*prefix, python, -I, -S, -c, bootstrap]`."""
+    Started through the zygote (fork server) when limits.fork_server is on and there is no
+    worker_prefix, or the prefix can confine a forked worker itself (instructor/sandbox.py's
+    uid and rlimits modes: `prefix.confinement(paths)`, applied by the forked child before any
+    student code, see confine.py); else directly as `[*prefix, python, -I, -S, -c, bootstrap]`."""
 
     def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix) -> None:
         import resource as rl
@@ -248,14 +275,19 @@ class Worker:
         mem = limits.memory_mb << 20 if limits.memory_mb > 0 else -1
         env = _worker_env(sub.root, limits.threads)
         self.started = time.perf_counter()
-        zygote = Zygote.get(limits.startup_timeout_s) if prefix is None and limits.fork_server else None
+        zygote = Zygote.get(limits.startup_timeout_s) if _forkable(prefix) and limits.fork_server else None
         self.proc: _PopenProc | _ForkedProc | None = None
         if zygote is not None:
             lib = zygote.lib_dir
             rlimits = {"RLIMIT_AS": mem, "RLIMIT_CORE": 0, "RLIMIT_FSIZE": limits.file_size_mb << 20,
                        "RLIMIT_CPU": limits.cpu_s}
+            confine = None
+            if prefix is not None:  # a SandboxError here is the sandbox refusing: it propagates
+                confine = prefix.confinement([*_worker_paths(sub), str(zygote.root)])
+                env = {**env, "HOME": confine.get("scratch") or env["HOME"],
+                       "TMPDIR": confine.get("scratch") or env["TMPDIR"]}
             try:
-                self.proc = _ForkedProc(zygote, env, str(sub.root), rlimits)
+                self.proc = _ForkedProc(zygote, env, str(sub.root), rlimits, confine)
             except OSError:  # the fork server failed: start this worker directly
                 Zygote._failed = True
         self.forked = self.proc is not None
@@ -266,8 +298,7 @@ class Worker:
                 fsz=limits.file_size_mb << 20, cpu=rl.RLIMIT_CPU, cpus=limits.cpu_s)
             argv = [sys.executable, "-I", "-S", "-c", boot]
             if prefix is not None:
-                paths = [str(sub.root), str(REPO_ROOT / "course"), str(AUTOGRADER_DIR / "scenarios"),
-                         str(ENGINE_DIR), sys.prefix, sys.base_prefix, *_site_dirs()]
+                paths = _worker_paths(sub)
                 argv = [*(prefix(paths) if callable(prefix) else prefix), *argv]
             self.proc = _PopenProc(argv, env, str(sub.root))
         self._out_fd, self._err_fd = self.proc.stdout_fd, self.proc.stderr_fd
@@ -387,6 +418,11 @@ class Worker:
                         raise Lost("protocol", f"{e} during {target}") from None
                     body_len = (hlen, plen)
                     need = protocol.PREFIX_SIZE + hlen + plen
+                    cap = self.limits.reply_cap_mb << 20
+                    if cap > 0 and hlen + plen > cap:
+                        # refused before it is read: the judge never holds more than the cap per reply
+                        raise Lost("reply", f"{target} returned {(hlen + plen) / (1 << 20):.0f} MB of data; "
+                                            f"a reply may hold at most {self.limits.reply_cap_mb} MB")
                 if body_len is not None and len(buf) >= need:
                     if len(buf) > need:
                         raise Lost("protocol", f"the worker wrote extra bytes on the protocol pipe during {target}")
@@ -434,6 +470,20 @@ class Worker:
                 break
 
 
+def _worker_paths(sub: "SubmissionCopy") -> list[str]:
+    """What a sandboxed worker reads: its submission copy, the course package, the scenarios, the
+    engine's worker files, the interpreter and its packages."""
+    return [str(sub.root), str(REPO_ROOT / "course"), str(AUTOGRADER_DIR / "scenarios"), str(ENGINE_DIR),
+            sys.prefix, sys.base_prefix, *_site_dirs()]
+
+
+def _forkable(prefix: WorkerPrefix) -> bool:
+    """No sandbox, or one whose confinement the fork server can apply in the forked worker (a
+    private file system, bubblewrap's, cannot be entered that way: such workers start directly)."""
+    return prefix is None or (callable(getattr(prefix, "confinement", None))
+                              and getattr(prefix, "kind", None) in ("uid", "rlimits"))
+
+
 class _Output:
     """Student output of one call: the first `keep` bytes are kept, the rest only counted."""
 
@@ -475,7 +525,7 @@ class WorkerPool:
     def warm_up(self) -> None:
         """Start what the first call will need, without waiting for it: the fork server (it then
         imports torch while the judge collects tests), or, without one, the first worker."""
-        if self.prefix is None and self.limits.fork_server:
+        if _forkable(self.prefix) and self.limits.fork_server:
             Zygote.get(self.limits.startup_timeout_s)
         else:
             self.start()
@@ -486,12 +536,19 @@ class WorkerPool:
         reached max_losses with this loss, so no worker is started that nothing would use)."""
         self.start()
         worker = self._worker
+        scaled = self.limits.call_timeouts.get(target)
+        if scaled:  # the reference's own time for this call, scaled (instructor/batch.py)
+            timeout = min(timeout, float(scaled))
         t0 = time.perf_counter()
         try:
             if worker.startup_s is None:
                 worker.ready()
                 self.stats.startup_s.append(worker.startup_s)
-            return worker.request(op, target, args, kwargs, timeout, sink, allowed)
+            t1 = time.perf_counter()
+            out = worker.request(op, target, args, kwargs, timeout, sink, allowed)
+            if _CALL_TIMES is not None:
+                _CALL_TIMES[target] = max(_CALL_TIMES.get(target, 0.0), time.perf_counter() - t1)
+            return out
         except Lost:
             self.discard(spare)
             raise

@@ -1,10 +1,12 @@
 """Fork server for workers: imports torch and the course package once, then forks fresh workers.
 
-Starting a worker is mostly `import torch` (1–3 s). When no worker_prefix (sandbox) is given, the
-judge starts ONE zygote process (`python -I -S`, like a worker) and asks it over a Unix socket for
+Starting a worker is mostly `import torch` (1–3 s). Without a sandbox, or with one that a forked
+worker can apply to itself (instructor/sandbox.py's uid and rlimits modes), the judge starts ONE
+zygote process (`python -I -S`, like a worker) and asks it over a Unix socket for
 each new worker: the judge creates the worker's three pipes and passes their ends with
 SCM_RIGHTS; the zygote forks; the child makes itself a session leader, sets its resource limits,
-moves the pipes to fds 0/1/2 and runs worker.main() exactly as a directly started worker would.
+moves the pipes to fds 0/1/2, applies the sandbox's confinement (confine.py: uid, Landlock,
+seccomp) and runs worker.main() exactly as a directly started worker would.
 The zygote never imports or runs student code; it only forks, reaps and reports exit statuses.
 """
 from __future__ import annotations
@@ -35,6 +37,16 @@ def _child(fds: list[int], req: dict, sock: socket.socket) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req.get("env", {}))
+        if req.get("confine"):
+            # the sandbox (uid, Landlock, seccomp): applied here, before any student code; a step
+            # that fails ends the worker before it runs anything
+            from . import confine
+
+            try:
+                confine.apply(req["confine"])
+            except Exception as e:  # noqa: BLE001
+                os.write(2, f"sandbox: could not confine the worker: {e}\n".encode())
+                os._exit(70)
         from . import worker
 
         worker.main()
@@ -57,6 +69,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     import course  # noqa: F401
+    from . import confine, worker  # noqa: F401  (forked workers need no file access for these)
     protocol.write_frame(1, {"ok": True, "ready": True, "pid": os.getpid(), "startup_s": time.perf_counter() - started})
     statuses: dict[int, int] = {}
 

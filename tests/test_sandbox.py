@@ -1,0 +1,158 @@
+"""The sandbox (instructor/sandbox.py): the unprivileged-uid mode for where bubblewrap cannot run,
+failing closed, symlinked venvs, and the bounds on file-backed and shared memory.
+
+Each probe is a short Python program started through the sandbox prefix exactly as a worker is;
+it reports what it could do as a dict on its last line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from instructor import sandbox
+from instructor.sandbox import ROOT, SandboxError, detect, require
+
+PROBE = r"""
+import ctypes, json, os, resource, socket, sys
+cfg = json.loads(sys.argv[1])
+r = {"uid": os.getuid(), "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+def can(f):
+    try:
+        f(); return True
+    except OSError:
+        return False
+r["read"] = {p: can(lambda p=p: os.listdir(p) if os.path.isdir(p) else open(p, "rb").close()) for p in cfg["read"]}
+r["write"] = {p: can(lambda p=p: open(os.path.join(p, "probe-%d" % os.getpid()), "w").close()) for p in cfg["write"]}
+r["scratch"] = can(lambda: open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "x"), "w").write("x"))
+r["memfd"] = can(lambda: os.close(os.memfd_create("m")))
+libc = ctypes.CDLL(None, use_errno=True)
+r["shmget"] = libc.shmget(0, 1 << 20, 0o1600) >= 0  # IPC_PRIVATE | IPC_CREAT
+r["inet"] = can(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close())
+r["unix"] = can(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close())
+def fork():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+r["fork"] = can(fork)
+r["kill_init"] = can(lambda: os.kill(1, 0))
+print(json.dumps(r))
+"""
+
+
+def _uid_box():
+    box = detect("uid")
+    if box.kind != "uid":
+        pytest.skip(f"the unprivileged-uid sandbox is not available here: {box.mode}")
+    return box.with_uid(64097)
+
+
+def _probe(box, read: list[str], write: list[str]) -> dict:
+    d = Path(tempfile.mkdtemp(prefix="sandbox-test-"))
+    os.chmod(d, 0o755)
+    try:
+        argv = box.prefix([str(d), str(ROOT / "course"), sys.prefix, sys.base_prefix]) + [
+            sys.executable, "-I", "-S", "-c", PROBE, json.dumps({"read": read, "write": [*write, str(d)]})]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        box.sweep()
+        shutil.rmtree(d, ignore_errors=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_uid_mode_hides_the_instructor_files_and_bounds_the_worker():
+    box = _uid_box()
+    secrets = [str(p) for p in sandbox.secret_paths()]
+    shared = ["/tmp", "/dev/shm", "/var/tmp"]
+    r = _probe(box, read=[*secrets, str(ROOT / "course")], write=[str(ROOT / "course"), str(ROOT), "/root", *shared])
+    assert r["uid"] == 64097
+    assert not any(r["read"][p] for p in secrets), r["read"]
+    assert r["read"][str(ROOT / "course")]  # what it imports stays readable
+    assert not any(v for p, v in r["write"].items() if p not in shared), r["write"]
+    if box.landlock_abi:  # without Landlock, what the uid leaves in /tmp is swept after each submission
+        assert not any(r["write"][p] for p in shared), r["write"]
+    assert r["scratch"]  # its private scratch folder
+    assert (r["memfd"], r["shmget"], r["inet"], r["fork"], r["kill_init"]) == (False,) * 5, r
+    assert r["unix"]
+    assert r["nofile"] <= sandbox.SandboxLimits().nofile
+
+
+def test_what_the_uid_leaves_behind_is_swept(tmp_path):
+    box = _uid_box()
+    left = Path("/tmp") / f"left-behind-{os.getpid()}"
+    left.write_text("x")
+    os.chown(left, box.uid, box.uid)
+    assert str(left) in box.sweep() and not left.exists()
+
+
+def test_every_mode_refuses_memfd_and_shm():
+    """File-backed (memfd) and SysV shared memory escape RLIMIT_AS: refused in every mode."""
+    for box in (detect(), detect("rlimits")):
+        if not box.seccomp:
+            pytest.skip("no seccomp filter for this architecture")
+        r = _probe(box.with_uid(64097), read=[], write=[])
+        assert (r["memfd"], r["shmget"], r["fork"]) == (False, False, False), (box.mode, r)
+
+
+def _cli(args: list[str], **env) -> subprocess.CompletedProcess:
+    e = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=e)
+
+
+def test_a_mode_that_is_not_available_refuses_in_one_line(tmp_path):
+    """bubblewrap asked for where it cannot run (here: a bwrap that fails as in Docker): one line,
+    non-zero, nothing graded; with --allow-weak-sandbox the batch grades and records the mode."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    r = _cli(["-m", "instructor.batch", str(subs), "--out", str(tmp_path / "out"), "--sandbox", "bubblewrap",
+              "--quiet"], GRADER_BWRAP=str(fake))
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: refusing to grade"), r.stderr
+    assert "Operation not permitted" in lines[0] and "--allow-weak-sandbox" in lines[0]
+    assert not (tmp_path / "out").exists()
+    r = _cli(["-m", "instructor.sandbox", "--mode", "bubblewrap"], GRADER_BWRAP=str(fake))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    r = _cli(["-m", "instructor.batch", str(subs), "--out", str(tmp_path / "out"), "--sandbox", "bubblewrap",
+              "--allow-weak-sandbox", "--quiet"], GRADER_BWRAP=str(fake))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["sandbox"] != "bubblewrap" and "bwrap failed its self-test" in summary["sandbox"]
+
+
+def test_require_fails_closed():
+    with pytest.raises(SandboxError, match="refusing to grade"):
+        require("rlimits")
+    assert require("rlimits", allow_weak=True).kind == "rlimits"
+    box = detect()
+    if box.isolating:
+        assert require() is box
+
+
+def test_a_symlinked_venv_passes_the_self_test(tmp_path):
+    """The worker is started through the unresolved path (sys.executable of a symlinked .venv): the
+    self-test must pass there too, in the strongest mode this machine has."""
+    box = detect()
+    if not box.isolating:
+        pytest.skip(f"no isolating sandbox here: {box.mode}")
+    link = Path(tempfile.mkdtemp(prefix="venv-link-"))
+    try:
+        os.chmod(link, 0o755)
+        (link / ".venv").symlink_to(Path(sys.prefix).resolve())
+        python = link / ".venv" / "bin" / Path(sys.executable).name
+        r = subprocess.run([str(python), "-m", "instructor.sandbox", "--mode", box.kind], capture_output=True,
+                           text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        shutil.rmtree(link, ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["sandbox_kind"] == box.kind
