@@ -109,7 +109,7 @@ def crashers(tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     options = Options(parts=[1], test_sets=("public",), tests_dir=str(write_mini_tests(tmp_path_factory.mktemp("t"))),
                       limits={"call_timeout_s": 20})
-    summary = run_batch(subs, out, jobs=1, options=options, progress=False, sandbox="off")
+    summary = run_batch(subs, out, jobs=1, options=options, progress=False, sandbox="off", allow_weak=True)
     return subs, out, summary
 
 
@@ -208,7 +208,7 @@ def test_any_names_and_layouts_give_one_row_per_entry_with_reasons(tmp_path_fact
         made.add(full)
         _make(subs, name, kind, files)
     options = Options(grader="test_batch:fake_grade", test_sets=("public", "hidden"))
-    run_batch(subs, out, jobs=0, options=options, progress=False, sandbox="off")
+    run_batch(subs, out, jobs=0, options=options, progress=False, sandbox="off", allow_weak=True)
     _check_outputs(out, len(os.listdir(bytes(subs))))
 
 
@@ -263,7 +263,7 @@ def test_merge_refuses_an_incomplete_set_of_shards(tmp_path):
         _folder(subs / n, {"online_softmax.py": "CORRECT"})
     options = Options(grader="test_batch:fake_grade", test_sets=("public",))
     for i in (1, 2, 3):
-        run_batch(subs, tmp_path / f"s{i}", jobs=0, shard=(i, 3), options=options, progress=False, sandbox="off")
+        run_batch(subs, tmp_path / f"s{i}", jobs=0, shard=(i, 3), options=options, progress=False, sandbox="off", allow_weak=True)
     with pytest.raises(SystemExit, match=r"missing shard\(s\) 2/3 of 3"):
         merge([tmp_path / "s1", tmp_path / "s3"], tmp_path / "m1")
     with pytest.raises(SystemExit, match="appears twice"):

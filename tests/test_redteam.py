@@ -232,7 +232,8 @@ def test_no_network_connection_left_the_sandbox(red):
 def test_every_attack_ran_or_is_reported_undefended(red):
     if red["skipped"]:
         pytest.skip(f"not defended without bubblewrap ({red['box'].mode}), not run: {sorted(red['skipped'])}")
-    assert len(_attacks(red)) == len(redteam.attacks())
+    part1 = [n for n, spec in redteam.attacks().items() if spec.get("part") == 1]  # the others: their own tests
+    assert len(_attacks(red)) == len(part1)
 
 
 def test_call_time_limits_were_scaled_from_the_reference(red):
