@@ -1,8 +1,12 @@
-"""The worker-side tracer (autograder/scenarios/tracing.py) on small attention functions written here.
+"""Trace-and-replay (worker: autograder/scenarios/tracing.py; judge: autograder/engine/replay.py) on small
+attention functions written here.
 
-Each test pins one measurement the assignment tests of parts 2, 4 and 6 rely on: fused-op names, exact
-matmul FLOPs (whole-block causal skipping, 2.5x backward), new-storage bytes (naive vs tiled, expand views,
-slices of an input), and the broadcast multiply+sum blind spot.
+Each test pins one measurement the assignment tests of parts 2, 4 and 6 rely on, as the JUDGE measures it
+in its own replay: fused ops refused by name, exact matmul FLOPs (whole-block causal skipping, 2.5x
+backward), new-storage bytes (naive vs tiled, expand views, slices of an input), the broadcast
+multiply+sum blind spot; and the replay's rules: bit-identical results, budgets on constants and
+scalars, bounds checked on meta tensors before anything runs, malformed records refused, the twin
+replay that exposes answers computed outside the call, what a forward keeps for its backward.
 """
 from __future__ import annotations
 
@@ -12,8 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.scenarios.tracing import saved_tensor_shapes, trace_call
+from autograder.engine import replay as R
+from autograder.scenarios.tracing import Recorder, record_call
 
+
+def trace_call(fn, *args, **kwargs):
+    """Record fn in this process and replay it as the judge does: (the replay's result, its measurements)."""
+    rp = R.record_and_replay(fn, *args, **kwargs)
+    return rp.result, rp.as_trace()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -80,14 +90,16 @@ def test_tiled_matches_naive_so_the_fixtures_are_right():
                           atol=1e-5)
 
 
-def test_sdpa_is_flagged_by_name_on_4d_and_3d_inputs():
+def test_sdpa_is_refused_by_name_on_4d_and_3d_inputs_however_it_was_reached():
     q, k, v = qkv(2, 3, 64, 16)
-    _, tr = trace_call(F.scaled_dot_product_attention, q, k, v)
-    assert tr["fused_attention_ops"] == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    sdpa = getattr(F, "scaled_dot_" + "product_attention")
+    with pytest.raises(R.ReplayRefused, match="_scaled_dot_product_flash_attention_for_cpu") as err:
+        trace_call(sdpa, q, k, v)
+    assert err.value.kind == "fused"
     # On other ranks SDPA decomposes into its math path, recognisable by aten::_safe_softmax.
     q, k, v = qkv(64, 16)
-    _, tr = trace_call(F.scaled_dot_product_attention, q, k, v, is_causal=True)
-    assert "aten::_safe_softmax" in tr["fused_attention_ops"]
+    with pytest.raises(R.ReplayRefused, match="_safe_softmax"):
+        trace_call(sdpa, q, k, v, is_causal=True)
     _, tr = trace_call(tiled, *qkv(2, 64, 16))
     assert tr["fused_attention_ops"] == []
 
@@ -176,25 +188,124 @@ def test_mv_and_dot_are_counted():
     assert tr["matmul_flops"] == 2 * 16
 
 
-def test_trace_is_plain_data_and_saved_tensor_hook_sees_save_for_backward():
-    _, tr = trace_call(naive, *qkv(8, 4))
-    plain = (int, str, list, dict)
-    assert all(isinstance(val, plain) for val in tr.values())
+def test_the_record_is_plain_data_and_the_judge_sees_what_a_forward_keeps_for_backward():
+    from autograder.engine import protocol
+
+    q, k, v = qkv(8, 4)
+    rec = record_call(naive, [q, k, v], q, k, v)
+    protocol.decode_value(*protocol.encode_value(rec))  # crosses the wire as it is
 
     class SavesP(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
             p = torch.softmax(q @ k.t(), -1)
             ctx.save_for_backward(q, p)
+            ctx.also = p.exp()  # a ctx attribute: saved all the same
             return p @ v
 
         @staticmethod
         def backward(ctx, go):
-            return None, None, None
+            q, p = ctx.saved_tensors
+            return (p @ go @ q.t()).t() @ q * 0 + p.sum() + ctx.also.sum(), None, None
 
     q, k, v = (t.requires_grad_() for t in qkv(8, 4))
-    _, shapes = saved_tensor_shapes(SavesP.apply, q, k, v)
-    assert shapes == [[8, 4], [8, 8]]
+    r = Recorder()
+    r.inputs(q, k, v)
+    with r:
+        o = SavesP.apply(q, k, v)
+        r.mark("backward")
+        o.sum().backward()
+    rp = R.replay(r.record({"o": o, "dq": q.grad}), [q.detach(), k.detach(), v.detach()])
+    kept = sorted(tuple(t.shape) for t in rp.kept_for_backward())
+    assert (8, 8) in kept and kept.count((8, 8)) >= 2  # p and ctx.also, both (Nq, Nk)
+    assert torch.allclose(rp.result["dq"], q.grad)
+
+
+def test_replay_is_bit_identical_to_the_direct_call():
+    q, k, v = qkv(2, 113, 16)
+    for causal in (False, True):
+        rp = R.record_and_replay(tiled, q, k, v, causal=causal)
+        assert torch.equal(rp.result, tiled(q, k, v, causal=causal))
+
+
+def test_values_from_outside_the_call_are_constants_within_a_budget():
+    q, k, v = qkv(2, 64, 16)
+    answer = naive(q, k, v)  # computed before the call: it can only enter as a constant
+    with pytest.raises(R.ReplayRefused, match="did not come from the inputs") as err:
+        R.record_and_replay(lambda q, k, v: q * 0 + answer, q, k, v)
+    assert err.value.kind == "constants"
+    R.record_and_replay(lambda q, k, v: q * torch.tensor(2.0), q, k, v)  # a scalar constant is fine
+
+
+def test_many_different_numbers_into_tensors_are_refused():
+    q, k, v = qkv(16, 8)  # 128 values: more than the budget of different numbers
+    values = naive(q, k, v).reshape(-1).tolist()
+
+    def smuggle(q, k, v):
+        o = torch.zeros_like(q)
+        for i, x in enumerate(values):
+            o.view(-1)[i].fill_(x)
+        return o
+
+    with pytest.raises(R.ReplayRefused, match="different numbers") as err:
+        R.record_and_replay(smuggle, q, k, v)
+    assert err.value.kind == "scalars"
+
+
+def test_the_twin_replay_exposes_an_answer_computed_for_the_recorded_inputs_only():
+    q, k, v = qkv(1, 2)  # tiny: 2 values fit every budget
+    values = naive(q, k, v).reshape(-1).tolist()
+
+    def smuggle(q, k, v):
+        return torch.stack([q[0, 0] * 0 + values[0], q[0, 1] * 0 + values[1]]).reshape(1, 2)
+
+    inputs = [q, k, v]
+    rp = R.replay(record_call(smuggle, inputs, q, k, v), inputs)
+    assert torch.allclose(rp.result, naive(q, k, v))  # on the recorded inputs it looks right...
+    twin = [R.perturbed(t, i) for i, t in enumerate(inputs)]
+    rp_twin = R.replay(record_call(smuggle, inputs, q, k, v), twin)
+    assert R.twin_error(rp_twin.result, naive(*twin)) is not None  # ...not on the judge's own
+    honest = R.replay(record_call(naive, inputs, q, k, v), twin)
+    assert R.twin_error(honest.result, naive(*twin)) is None
+
+
+def test_bounds_are_checked_on_meta_tensors_before_anything_runs():
+    x = torch.randn(4)
+
+    def huge(x):
+        return x.new_zeros(1 << 20, 1 << 12).sum()  # 16 GiB if it ran
+
+    with pytest.raises(R.ReplayRefused, match="bytes") as err:
+        R.record_and_replay(lambda x: x, x)  # fine
+        rec = {"inputs": 1, "ops": [["aten::new_zeros.default", [["$t", 0], [1 << 20, 1 << 12]], {}, ["$t", 1]]],
+               "constants": [], "named": [], "marks": {}, "result": ["$t", 1]}
+        R.replay(rec, [x])
+    assert err.value.kind == "budget"
+
+
+@pytest.mark.parametrize("bad", [
+    {"ops": [["aten::_scaled_dot_product_flash_attention_for_cpu.default", [], {}, []]]},
+    {"ops": [["aten::rand.default", [[3]], {}, ["$t", 1]]]},
+    {"ops": [["builtins::eval.x", [], {}, []]]},
+    {"ops": [["aten::add.Tensor", [["$t", 7], ["$t", 0]], {}, ["$t", 1]]]},  # a ref no op made
+    {"inputs": 2},
+])
+def test_malformed_or_forbidden_records_are_refused(bad):
+    rec = {"inputs": 1, "ops": [], "constants": [], "named": [], "marks": {}, "result": ["$t", 0], **bad}
+    with pytest.raises(R.ReplayRefused):
+        R.replay(rec, [torch.randn(3)])
+
+
+def test_a_branch_on_tensor_values_that_goes_otherwise_on_the_judges_inputs_is_refused():
+    def branchy(x):
+        return x * 2 if bool(x.sum() > 0) else x * 3
+
+    x = torch.ones(3)
+    rec = record_call(branchy, [x], x)
+    R.replay(rec, [x])
+    with pytest.raises(R.ReplayRefused, match="branches") as err:
+        R.replay(rec, [-x])
+    assert err.value.kind == "data_dependent"
 
 
 def einsum_attention(q, k, v):
