@@ -583,7 +583,13 @@ TWIN_REL = 1e-3  # the twin's output may be off its reference by 1e-3·(max|ref|
 
 def twin_error(actual: Any, expected: Any) -> str | None:
     """None when the twin replay's output matches the judge's reference on the twin inputs loosely
-    (TWIN_REL); else a short reason. Leaves are compared in order (tensors, or nested tuples/lists)."""
+    (TWIN_REL); else a short reason. Leaves are compared in order (tensors, or nested tuples/lists);
+    for a dict `expected`, only its keys."""
+    if type(expected) is dict:
+        if type(actual) is not dict or not set(expected) <= set(actual):
+            return "its result is not the expected dict"
+        actual = [actual[k] for k in expected]
+        expected = list(expected.values())
     got, want = tree_flatten(actual)[0], tree_flatten(expected)[0]
     if len(got) != len(want):
         return f"it returned {len(got)} values, expected {len(want)}"
@@ -644,8 +650,11 @@ def call(student: Any, target: str, args: tuple, kwargs: dict | None = None, *, 
 
 def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict, *, seed: int | None = 1,
                   budget: Budget = DEFAULT_BUDGET, reference: Callable[..., Any] | None = None,
-                  twin_inputs: tuple[tuple, dict] | None = None, **replay_kw: Any) -> tuple[Replayed, tuple, dict]:
+                  twin_inputs: tuple[tuple, dict] | None = None, twin_named: dict[str, torch.Tensor] | None = None,
+                  main_reference: Callable[..., Any] | None = None, **replay_kw: Any) -> tuple[Replayed, tuple, dict]:
     """`call` for a record a scenario made; its inputs are the tensors of (args, kwargs) in pytree order.
+    twin_named: the judge's own named tensors for the twin (e.g. perturbed model weights);
+    main_reference: the reference on the main replay's inputs and named tensors (default `reference`).
     twin_inputs: the twin's (args, kwargs) when they must be consistent with each other (e.g. o and lse
     of the twin's q, k, v); default: `perturbed` copies of args and kwargs (seed)."""
     from .checks import CheckFailure
@@ -655,7 +664,8 @@ def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict,
         rp = replay(record, _flat_tensors(j_args, j_kwargs), part=student.part, budget=budget, **replay_kw)
         if seed is not None or twin_inputs is not None:
             t_args, t_kwargs = twin_inputs if twin_inputs is not None else judge_inputs(tuple(args), kwargs, seed)
-            rp.twin = _real_pass_again(record, _flat_tensors(t_args, t_kwargs), student.part, budget, replay_kw)
+            twin_kw = dict(replay_kw, named=twin_named) if twin_named is not None else replay_kw
+            rp.twin = _real_pass_again(record, _flat_tensors(t_args, t_kwargs), student.part, budget, twin_kw)
             rp.twin_args = (t_args, t_kwargs)
     except ReplayRefused as exc:
         raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay",
@@ -663,7 +673,8 @@ def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict,
                                 "on the inputs, no fused attention, no values computed outside the call") from None
     # The twin check only where the replay on the recorded inputs is (loosely) right: a plainly wrong
     # result fails the test's own value checks, with their diagnosis of the bug.
-    if reference is not None and rp.twin is not None and twin_error(rp.result, reference(*j_args, **j_kwargs)) is None:
+    main_reference = main_reference or reference
+    if reference is not None and rp.twin is not None and twin_error(rp.result, main_reference(*j_args, **j_kwargs)) is None:
         check_twin(rp, reference, fn=fn)
     return rp, j_args, j_kwargs
 
