@@ -22,6 +22,7 @@ it was computed for.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -183,7 +184,19 @@ class Replayed:
 # decoding the record
 
 
+_RESOLVED: dict[tuple[str, int | None], Any] = {}
+
+
 def _resolve(name: str, part: int | None) -> Any:
+    key = (name, part)
+    if type(name) is str and key in _RESOLVED:
+        return _RESOLVED[key]
+    func = _resolve_uncached(name, part)
+    _RESOLVED[key] = func
+    return func
+
+
+def _resolve_uncached(name: str, part: int | None) -> Any:
     if type(name) is not str or not re.fullmatch(r"aten::[A-Za-z0-9_]+\.[A-Za-z0-9_]+", name):
         raise ReplayRefused(f"the record names an op {str(name)[:60]!r} that is not an aten op", "malformed")
     base, overload = name[len("aten::"):].split(".")
@@ -204,13 +217,35 @@ def _resolve(name: str, part: int | None) -> Any:
 
 
 def _is_ref(x: Any) -> bool:
-    return type(x) is list and len(x) == 2 and x[0] == "$t"
+    return type(x) is list and len(x) in (2, 5) and x[0] == "$t"
+
+
+# Ops whose outputs are views (no new memory): the meta pass takes their shapes from the record's
+# claim (bounded like any tensor), and the real pass checks the claim before anything reads them.
+VIEW_OPS = frozenset("""alias as_strided detach diagonal expand narrow permute select slice squeeze t transpose
+unbind unfold unsqueeze view view_as _reshape_alias split split_with_sizes tensor_split chunk unsafe_split
+unsafe_split_with_sizes""".split())
+
+
+def _claims(out: Any) -> list[tuple[list[int], list[int], str] | None]:
+    """The recorded (shape, strides, dtype) of each tensor leaf of an op's output (None if absent)."""
+    if _is_ref(out):
+        if len(out) == 5 and type(out[2]) is list and type(out[3]) is list and out[4] in _DTYPES \
+                and len(out[2]) == len(out[3]) <= 16 and all(type(i) is int for i in out[2] + out[3]):
+            return [(out[2], out[3], out[4])]
+        return [None]
+    if type(out) in (list, tuple):
+        return [c for i in out for c in _claims(i)]
+    return []
+
+
+_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
 
 
 def _dec(x: Any, env: dict[int, Any]) -> Any:
     if type(x) is list:
-        if len(x) == 2 and type(x[0]) is str and x[0].startswith("$"):
-            tag, body = x
+        if (len(x) == 2 or (len(x) == 5 and x[0] == "$t")) and type(x[0]) is str and x[0].startswith("$"):
+            tag, body = x[0], x[1]
             if tag == "$t":
                 if type(body) is not int or body not in env:
                     raise ReplayRefused("the record uses a tensor before any op produced it", "malformed")
@@ -223,6 +258,8 @@ def _dec(x: Any, env: dict[int, Any]) -> Any:
             if tag == "$lay" and body == "strided":
                 return torch.strided
             if tag == "$mf" and body in ("contiguous_format", "preserve_format", "channels_last"):
+                return getattr(torch, body)
+            if tag == "$dt" and body in _DTYPES:
                 return getattr(torch, body)
             raise ReplayRefused(f"the record holds a value the judge cannot rebuild ({str(tag)[:20]})", "malformed")
         return [_dec(i, env) for i in x]
@@ -238,19 +275,26 @@ def _dec(x: Any, env: dict[int, Any]) -> Any:
 def _out_refs(x: Any) -> list[Any]:
     """Flatten a recorded output into its leaves: ref ints for tensors, plain values otherwise."""
     if _is_ref(x):
+        if type(x[1]) is not int or x[1] < 0:
+            raise ReplayRefused("the record numbers a tensor wrongly", "malformed")
         return [x[1]]
     if type(x) in (list, tuple):
         return [leaf for i in x for leaf in _out_refs(i)]
     return [("scalar", x)]
 
 
+_SCALAR_POSITIONS: dict[Any, list[tuple[int, str]]] = {}
+
+
 def _scalar_args(func: Any, args: list, kwargs: dict) -> list[Any]:
     """Values of the op's Scalar-typed arguments (the ones that can carry data into a tensor)."""
+    positions = _SCALAR_POSITIONS.get(func)
+    if positions is None:
+        positions = _SCALAR_POSITIONS[func] = [(i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                                               if "number" in str(arg.type) or "Scalar" in str(arg.type)]
     out = []
-    for i, arg in enumerate(func._schema.arguments):
-        if "number" not in str(arg.type) and "Scalar" not in str(arg.type):
-            continue
-        value = args[i] if i < len(args) else kwargs.get(arg.name)
+    for i, name in positions:
+        value = args[i] if i < len(args) else kwargs.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out.append(value)
     return out
@@ -282,6 +326,13 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
     if record["inputs"] != n_inputs:
         raise ReplayRefused("the record does not number the inputs the judge sent", "malformed")
     ops = record["ops"]
+    if type(ops) is str:  # the op list travels as one JSON text (scenarios/tracing.Recorder.record)
+        if len(ops) > 64 * budget.max_ops + 1000:
+            raise ReplayRefused(f"the record is too long ({len(ops):,} characters)", "budget")
+        try:
+            ops = json.loads(ops)
+        except (ValueError, RecursionError):
+            raise ReplayRefused("the record's op list is not valid JSON", "malformed") from None
     if type(ops) is not list:
         raise ReplayRefused("the record's op list is malformed", "malformed")
     if len(ops) > budget.max_ops:
@@ -370,6 +421,18 @@ def _meta_pass(ops: list, base: dict[int, Any], budget: Budget, trusted: dict) -
             result, f = fn(*a, **kw), 0
         elif func._schema.name.split("::")[1] in SCALAR_OUT_OPS:
             result, f = None, 0
+        elif func._schema.name.split("::")[1] in VIEW_OPS:
+            claims = _claims(out)
+            if not claims or any(c is None for c in claims):
+                raise ReplayRefused("a recorded view op does not state its output's shape", "malformed")
+            views = []
+            for shape, stride, dtype in claims:
+                if math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size() > budget.max_tensor_bytes \
+                        or any(x < 0 for x in shape):
+                    raise ReplayRefused(f"the call makes a view of {math.prod(shape):,} elements", "budget")
+                views.append(torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=meta))
+            _bind(env, leaves, views, meta=True)
+            continue
         else:
             if any(arg.name == "device" for arg in func._schema.arguments):
                 kw["device"] = meta  # creation ops: never allocate real memory here
@@ -460,6 +523,13 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             counts[name] += 1
             flops_at.append(total)
             got = tree_flatten(result)[0]
+            if not isinstance(func, str) and name.split("::")[1] in VIEW_OPS:
+                tensors = [t for t in got if isinstance(t, torch.Tensor)]
+                claims = _claims(out)
+                if len(claims) != len(tensors) or any(
+                        c is None or list(t.shape) != c[0] or list(t.stride()) != c[1]
+                        or str(t.dtype).removeprefix("torch.") != c[2] for t, c in zip(tensors, claims)):
+                    raise ReplayRefused(f"the record's {name} does not match its replay", "malformed")
             _bind(env, _out_refs(out), got, meta=False)
             outs = [t for t in got if isinstance(t, torch.Tensor)]
             for leaf, t in zip(_out_refs(out), got):

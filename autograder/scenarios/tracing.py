@@ -15,11 +15,12 @@ that changes only the program the judge replays, never what the judge measures f
 The record (lists, ints, floats, strs, tensors only):
 
     {"inputs": n,                       refs 0..n-1 are the inputs, in the order given to inputs()
-     "ops": [[name, args, kwargs, out], ...]
+     "ops": JSON text of [[name, args, kwargs, out], ...]
                                         name "aten::bmm.default" (op and overload); args/kwargs/out
                                         encode a tensor as ["$t", ref], a device, layout or memory
                                         format as ["$dev" | "$lay" | "$mf", name]; `out` numbers the
-                                        new tensors an op returned (an in-place op returns its self)
+                                        new tensors an op returned (an in-place op returns its self),
+                                        as ["$t", ref, shape, strides, dtype]
      "constants": [[ref, tensor], ...]  tensors that entered from outside the recorded ops (their
                                         bytes ship; the judge bounds their count and size)
      "named": [[ref, name], ...]        tensors the judge owns too (e.g. "param:blocks.0.attn.wq.weight"
@@ -99,15 +100,16 @@ class Recorder(TorchDispatchMode):
         if isinstance(x, torch.Tensor):
             return ["$t", self._ref(x)]
         if isinstance(x, (list, tuple)):
-            return [self._enc(i) for i in x] if type(x) is list or type(x) is torch.Size else tuple(
-                self._enc(i) for i in x)
+            return [self._enc(i) for i in x]
         if isinstance(x, torch.device):
             return ["$dev", str(x)]
         if isinstance(x, torch.layout):
             return ["$lay", str(x).removeprefix("torch.")]
         if isinstance(x, torch.memory_format):
             return ["$mf", str(x).removeprefix("torch.")]
-        if x is None or type(x) in (bool, int, float, str) or isinstance(x, torch.dtype):
+        if isinstance(x, torch.dtype):
+            return ["$dt", str(x).removeprefix("torch.")]
+        if x is None or type(x) in (bool, int, float, str):
             return x
         if isinstance(x, bool):  # scalar subclasses (numpy's, or ones with a forged __eq__): the plain value
             return bool(x)
@@ -120,7 +122,9 @@ class Recorder(TorchDispatchMode):
     def _enc_out(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             ref = self._refs.get(id(x))
-            return ["$t", ref if ref is not None else self._new_ref(x)]
+            # shape, strides and dtype: the judge bounds views from these before replaying, then checks them
+            return ["$t", ref if ref is not None else self._new_ref(x), list(x.shape), list(x.stride()),
+                    str(x.dtype).removeprefix("torch.")]
         if isinstance(x, (list, tuple)):
             return [self._enc_out(i) for i in x]
         if type(x) is dict:
@@ -149,8 +153,12 @@ class Recorder(TorchDispatchMode):
         return wrapper
 
     def record(self, result: Any) -> dict[str, Any]:
-        """The plain-data record (see the module docstring)."""
-        return {"inputs": self.n_inputs, "ops": self.ops, "constants": self.constants, "named": self.named,
+        """The plain-data record (see the module docstring). The op list travels as ONE JSON string
+        (a dtype as ["$dt", name]): tens of thousands of small lists would cost more to tag one by one."""
+        import json
+
+        return {"inputs": self.n_inputs, "ops": json.dumps(self.ops, separators=(",", ":")),
+                "constants": self.constants, "named": self.named,
                 "marks": self.marks, "result": self._enc_out(result) if result is not None else None}
 
 
