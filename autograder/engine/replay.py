@@ -150,6 +150,7 @@ class Replayed:
     producer: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> op index that made it
     readers: dict[int, list[int]] = field(default_factory=dict, repr=False)  # ref -> op indices reading it
     new_storage_of: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> bytes of its new storage
+    prepared: list = field(default_factory=list, repr=False)  # the checked ops (for the twin)
 
     def flops_between(self, start: int, end: int | None = None) -> int:
         """Matmul FLOPs of ops [start, end)."""
@@ -384,8 +385,63 @@ def replay(record: Any, inputs: list[torch.Tensor], *, part: int | None = None, 
         base[entry[0]] = named[entry[1]]
     consts = {ref: t for ref, t in record["constants"]}
     base.update(consts)
-    _meta_pass(ops, base, budget, trusted)
-    return _real_pass(ops, base, record, set(consts), trusted)
+    return _real_pass(prepare(ops), base, record, set(consts), trusted, budget=budget)
+
+
+# Cheap bounds of an op's output, from the real shapes of its (already bounded) inputs, checked BEFORE
+# the op runs in the replay. Ops not classified here are run on meta tensors first (cached).
+ELEMENTWISE = frozenset("""abs add addcdiv addcmul bitwise_and bitwise_not bitwise_or bitwise_xor ceil clamp clamp_max
+clamp_min clone copy cos div eq exp exp2 expm1 fill floor ge gt isfinite isinf isnan isneginf isposinf le log log1p
+log2 logical_and logical_not logical_or logical_xor lt masked_fill maximum minimum mul nan_to_num ne neg pow
+reciprocal relu rsqrt rsub sigmoid sign silu sin sqrt square sub trunc where zero _to_copy lift_fresh
+lift_fresh_copy to tril triu detach""".split())
+REDUCTIONS = frozenset("all amax amin any argmax argmin logsumexp max mean min prod std sum var cumsum _softmax "
+                       "_log_softmax".split())
+LIKE = frozenset("empty_like full_like ones_like zeros_like".split())
+SIZED = frozenset("empty full new_empty new_full new_ones new_zeros ones zeros empty_strided new_empty_strided".split())
+
+
+def _broadcast_numel(shapes: list) -> int:
+    """Elements of the broadcast of these shapes (an upper bound if they do not broadcast: the op fails)."""
+    if not shapes:
+        return 1
+    if len(shapes) == 1:
+        return math.prod(shapes[0])
+    rank = max(len(s) for s in shapes)
+    n = 1
+    for i in range(1, rank + 1):
+        n *= max((s[-i] for s in shapes if len(s) >= i), default=1)
+    return n
+
+
+def _bound_out(op: "_Op", a: list, kw: dict) -> tuple[int, int] | None:
+    """(elements of the op's output, matmul FLOPs) computed from its real inputs' shapes, or None when
+    this op is not one of the cheap kinds (then the meta pass decides)."""
+    short = op.short[:-1] if op.short.endswith("_") else op.short
+    tensors = [x for x in a if isinstance(x, torch.Tensor)] + [x for x in kw.values() if isinstance(x, torch.Tensor)]
+    if short in ELEMENTWISE:
+        return _broadcast_numel([t.shape for t in tensors]), 0
+    if short in REDUCTIONS and tensors:
+        return tensors[0].numel(), 0
+    if short in LIKE and tensors:
+        return tensors[0].numel(), 0
+    if short in SIZED:
+        size = kw.get("size", a[1] if short.startswith("new_") and len(a) > 1 else a[0] if a else None)
+        if type(size) in (list, tuple) and all(type(i) is int and i >= 0 for i in size):
+            return math.prod(size), 0
+        return None
+    if short in ("mm", "bmm", "addmm", "baddbmm", "mv", "dot", "vdot", "addmv", "addbmm"):
+        mats = tensors[-2:]
+        if len(mats) == 2 and all(t.dim() in (1, 2, 3) for t in mats):
+            x, y = mats
+            if short in ("dot", "vdot"):
+                return 1, 2 * x.numel()
+            lead = x.shape[0] if x.dim() == 3 else 1
+            rows = x.shape[-2] if x.dim() >= 2 else 1
+            inner = x.shape[-1]
+            cols = y.shape[-1] if y.dim() >= 2 else 1
+            return lead * rows * cols, 2 * lead * rows * cols * inner
+    return None
 
 
 def _meta_key(func: Any, a: list, kw: dict) -> Any:
@@ -481,7 +537,103 @@ def _bind(env: dict[int, Any], leaves: list[Any], got: list[Any] | None, *, meta
             env[leaf] = value
 
 
-def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[int], trusted: dict) -> Replayed:
+@dataclass(frozen=True)
+class _Op:
+    """One checked op of a record, with what the passes need precomputed once."""
+
+    func: Any
+    args: Any
+    kwargs: dict
+    out: Any
+    name: str
+    short: str
+    view: bool
+    formula: Any
+    leaves: list
+    reads: list
+
+
+def prepare(ops: list) -> list[_Op]:
+    out = []
+    for func, args, kwargs, o in ops:
+        if isinstance(func, str):
+            name = short = func
+            formula, view = None, False
+        else:
+            name = func._schema.name
+            short = name.split("::")[1]
+            formula, view = FLOP_FORMULAS.get(func.overloadpacket), short in VIEW_OPS
+        out.append(_Op(func, args, kwargs, o, name, short, view, formula, _out_refs(o),
+                       _arg_refs(args) + _arg_refs(list(kwargs.values()))))
+    return out
+
+
+def _preflight(op: "_Op", a: list, kw: dict, budget: Budget, state: dict, trusted: dict) -> None:
+    """Bound the op BEFORE it runs: its output and FLOPs from the real shapes of its inputs (cheap kinds),
+    else from the op run on meta tensors (cached per signature); views from the record's claim."""
+    meta = torch.device("meta")
+    if op.view:
+        for c in _claims(op.out):
+            if c is None:
+                raise ReplayRefused("a recorded view op does not state its output's shape", "malformed")
+            if math.prod(c[0]) > budget.max_tensor_bytes // 8 or any(x < 0 for x in c[0]):
+                raise ReplayRefused(f"the call makes a view of {math.prod(c[0]):,} elements", "budget")
+        return
+    if op.short in SCALAR_OUT_OPS:
+        return
+    bound = None if isinstance(op.func, str) else _bound_out(op, a, kw)
+    if bound is not None:
+        elems, flops = bound
+        sizes = [elems * 8]
+    else:
+        ma = _to_meta(a)
+        mkw = {k: _to_meta(v) for k, v in kw.items()}
+        if isinstance(op.func, str):
+            result = trusted[op.name[len("judge::"):]](*ma, **mkw)
+            flops = 0
+        else:
+            if any(arg.name == "device" for arg in op.func._schema.arguments):
+                mkw["device"] = meta
+            key = _meta_key(op.func, ma, mkw)
+            hit = state["cache"].get(key)
+            if hit is None:
+                try:
+                    result = op.func(*ma, **mkw)
+                except Exception as exc:  # noqa: BLE001 -- a record whose ops do not fit together
+                    raise ReplayRefused(f"the recorded op {op.name} does not run on the recorded shapes "
+                                        f"({type(exc).__name__})", "malformed") from None
+                flops = int(op.formula(*ma, **mkw, out_val=result)) if op.formula is not None else 0
+                hit = state["cache"][key] = ([t.numel() * t.element_size() for t in tree_flatten(result)[0]
+                                              if isinstance(t, torch.Tensor)], flops)
+            sizes, flops = hit
+            sizes = list(sizes)
+        if isinstance(op.func, str):
+            sizes = [t.numel() * t.element_size() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+    for size in sizes:
+        if size > budget.max_tensor_bytes:
+            raise ReplayRefused(f"the call makes a tensor of {size:,} bytes (bound {budget.max_tensor_bytes:,})",
+                                "budget")
+    state["bytes"] += sum(sizes)
+    state["flops"] += flops
+    if state["bytes"] > budget.max_total_bytes or state["flops"] > budget.max_flops:
+        raise ReplayRefused(f"the call is above the judge's bounds ({state['bytes']:,} bytes allocated, "
+                            f"{state['flops']:,} matmul FLOPs)", "budget")
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if type(x) in (list, tuple):
+        return type(x)(_to_meta(i) for i in x)
+    return x
+
+
+def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[int], trusted: dict,
+               budget: Budget | None = None) -> Replayed:
+    """Replay the ops on real tensors and measure. With `budget`, every op is bounded (_preflight)
+    before it runs; the twin of an already bounded record (same shapes) runs without."""
+    prepared = ops if not ops or isinstance(ops[0], _Op) else prepare(ops)
+    state = {"cache": {}, "bytes": 0, "flops": 0}
     env: dict[int, Any] = {ref: (t.clone() if isinstance(t, torch.Tensor) else t) for ref, t in base.items()}
     excluded = {key[0] for t in env.values() if isinstance(t, torch.Tensor)
                 for key in [_storage_key(t)] if key is not None and key[1] > 0}
@@ -492,49 +644,52 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     largest = {"bytes": 0, "op": "", "shape": [], "dtype": ""}
     bcast_elems = bcast_ops = 0
     producer: dict[int, int] = {}
-    readers: dict[int, list[int]] = {}
     new_storage_of: dict[int, int] = {}
     total = upcasts = 0
+    f64, f32, Tensor = torch.float64, torch.float32, torch.Tensor
     with torch.no_grad():
-        for index, (func, args, kwargs, out) in enumerate(ops):
-            a, kw = _dec(args, env), {k: _dec(v, env) for k, v in kwargs.items()}
-            for ref in _arg_refs(args) + _arg_refs(list(kwargs.values())):
-                readers.setdefault(ref, []).append(index)
-            if isinstance(func, str):
-                name = func
-                result = trusted[func[len("judge::"):]](*a, **kw)
+        for index, op in enumerate(prepared):
+            a, kw = _dec(op.args, env), {k: _dec(v, env) for k, v in op.kwargs.items()} if op.kwargs else {}
+            name = op.name
+            if budget is not None:
+                _preflight(op, a, kw, budget, state, trusted)
+            if isinstance(op.func, str):
+                result = trusted[name[len("judge::"):]](*a, **kw)
             else:
-                name = func._schema.name
-                result = func(*a, **kw)
-                short = name.split("::")[1]
-                if short in EMPTY_OPS and isinstance(result, torch.Tensor):
+                result = op.func(*a, **kw)
+                if op.short in EMPTY_OPS and isinstance(result, Tensor):
                     result.zero_()  # uninitialised memory would make the replay nondeterministic
-                formula = FLOP_FORMULAS.get(func.overloadpacket)
-                if formula is not None:
-                    f = int(formula(*a, **kw, out_val=result))
+                if op.formula is not None:
+                    f = int(op.formula(*a, **kw, out_val=result))
                     flops[name] += f
                     total += f
-                if short in SCALAR_OUT_OPS:
-                    recorded = [leaf[1] for leaf in _out_refs(out) if type(leaf) is tuple]
+                if op.short in SCALAR_OUT_OPS:
+                    recorded = [leaf[1] for leaf in op.leaves if type(leaf) is tuple]
                     if recorded and recorded[0] != result and not (_nan(recorded[0]) and _nan(result)):
                         raise ReplayRefused("the program branches on tensor values (.item() / bool() of a tensor "
                                             "gave another value on the judge's inputs): graded code must not "
                                             "decide its steps from the values of its inputs", "data_dependent")
             counts[name] += 1
             flops_at.append(total)
-            got = tree_flatten(result)[0]
-            if not isinstance(func, str) and name.split("::")[1] in VIEW_OPS:
-                tensors = [t for t in got if isinstance(t, torch.Tensor)]
-                claims = _claims(out)
+            got = [result] if type(result) is Tensor else tree_flatten(result)[0]
+            if op.view:
+                tensors = [t for t in got if isinstance(t, Tensor)]
+                claims = _claims(op.out)
                 if len(claims) != len(tensors) or any(
                         c is None or list(t.shape) != c[0] or list(t.stride()) != c[1]
                         or str(t.dtype).removeprefix("torch.") != c[2] for t, c in zip(tensors, claims)):
                     raise ReplayRefused(f"the record's {name} does not match its replay", "malformed")
-            _bind(env, _out_refs(out), got, meta=False)
-            outs = [t for t in got if isinstance(t, torch.Tensor)]
-            for leaf, t in zip(_out_refs(out), got):
-                if type(leaf) is int and isinstance(t, torch.Tensor):
+            _bind(env, op.leaves, got, meta=False)
+            if op.view:  # a view: no new storage, no product, no cast
+                for leaf in op.leaves:
+                    if type(leaf) is int:
+                        producer.setdefault(leaf, index)
+                continue
+            out64 = False
+            for leaf, t in zip(op.leaves, got):
+                if type(leaf) is int and isinstance(t, Tensor):
                     producer.setdefault(leaf, index)
+                    out64 = out64 or t.dtype == f64
                     key = _storage_key(t)
                     if key is None or key[0] in excluded:
                         continue
@@ -544,24 +699,27 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         if key[1] > largest["bytes"]:
                             largest = {"bytes": int(key[1]), "op": name, "shape": list(t.shape),
                                        "dtype": str(t.dtype).replace("torch.", "")}
-            if outs and any(t.dtype == torch.float64 for t in outs) and any(
-                    isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in tree_flatten(a)[0]):
+            if out64 and any(isinstance(x, Tensor) and x.dtype == f32 for x in tree_flatten(a)[0]):
                 upcasts += 1
-            if name == "aten::mul" and outs:
-                operands = [x for x in tree_flatten(a)[0] if isinstance(x, torch.Tensor)]
-                n_out = outs[0].numel()
+            if name == "aten::mul" and got and isinstance(got[0], Tensor):
+                operands = [x for x in a if isinstance(x, Tensor)]
+                n_out = got[0].numel()
                 if len(operands) == 2 and all(1 < _effective_numel(x) < n_out for x in operands):
                     bcast_elems += n_out
                     bcast_ops += 1
     result = _dec(record["result"], env) if record["result"] is not None else None
     consts = [t for r, t in base.items() if r in const_refs]
-    return Replayed(result=result, ops=len(ops), op_counts=dict(counts), matmul_flops=total,
+    readers: dict[int, list[int]] = {}
+    for index, op in enumerate(prepared):
+        for ref in op.reads:
+            readers.setdefault(ref, []).append(index)
+    return Replayed(result=result, ops=len(prepared), op_counts=dict(counts), matmul_flops=total,
                     flops_by_op=dict(flops), flops_at=flops_at, max_new_storage_bytes=int(largest["bytes"]),
                     max_new_storage=largest, broadcast_product_elems=bcast_elems, broadcast_product_ops=bcast_ops,
                     constants=len(consts), constant_elements=sum(t.numel() for t in consts), upcasts=upcasts,
-                    marks=_marks(record.get("marks"), len(ops)), env=env,
+                    marks=_marks(record.get("marks"), len(prepared)), env=env,
                     inputs=[env[i] for i in range(int(record["inputs"]))], producer=producer, readers=readers,
-                    new_storage_of=new_storage_of)
+                    new_storage_of=new_storage_of, prepared=prepared)
 
 
 def _nan(x: Any) -> bool:
@@ -735,7 +893,8 @@ def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict,
         if seed is not None or twin_inputs is not None:
             t_args, t_kwargs = twin_inputs if twin_inputs is not None else judge_inputs(tuple(args), kwargs, seed)
             twin_kw = dict(replay_kw, named=twin_named) if twin_named is not None else replay_kw
-            rp.twin = _real_pass_again(record, _flat_tensors(t_args, t_kwargs), student.part, budget, twin_kw)
+            rp.twin = _real_pass_again(record, _flat_tensors(t_args, t_kwargs), student.part, budget, twin_kw,
+                                       prepared=rp.prepared)
             rp.twin_args = (t_args, t_kwargs)
     except ReplayRefused as exc:
         raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay",
@@ -750,9 +909,9 @@ def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict,
 
 
 def _real_pass_again(record: Any, inputs: list[torch.Tensor], part: int | None, budget: Budget,
-                     replay_kw: dict) -> Replayed:
+                     replay_kw: dict, prepared: list | None = None) -> Replayed:
     """The second replay of an already checked and bounded record (its meta pass holds for the same shapes)."""
-    ops = check_record(record, len(inputs), part, budget)
+    ops = prepared if prepared is not None else prepare(check_record(record, len(inputs), part, budget))
     named, trusted = replay_kw.get("named") or {}, replay_kw.get("trusted") or {}
     base: dict[int, Any] = {i: t for i, t in enumerate(inputs)}
     for ref, name in record.get("named") or []:
