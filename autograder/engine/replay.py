@@ -421,8 +421,17 @@ def _bound_out(op: "_Op", a: list, kw: dict) -> tuple[int, int] | None:
     tensors = [x for x in a if isinstance(x, torch.Tensor)] + [x for x in kw.values() if isinstance(x, torch.Tensor)]
     if short in ELEMENTWISE:
         return _broadcast_numel([t.shape for t in tensors]), 0
-    if short in REDUCTIONS and tensors:
+    if (short in REDUCTIONS or short in ("_unsafe_view", "reshape", "flatten", "contiguous")) and tensors:
         return tensors[0].numel(), 0
+    if short in ("cat", "stack") and a and type(a[0]) in (list, tuple):
+        return sum(t.numel() for t in a[0] if isinstance(t, torch.Tensor)), 0
+    if short == "embedding" and len(tensors) >= 2:
+        return tensors[1].numel() * tensors[0].shape[-1], 0
+    if short == "arange":
+        nums = [x for x in a if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if 1 <= len(nums) <= 3 and all(math.isfinite(x) for x in nums):
+            start, end, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) == 3 else 1)
+            return (max(0, math.ceil((end - start) / step)) if step else 0), 0
     if short in LIKE and tensors:
         return tensors[0].numel(), 0
     if short in SIZED:
@@ -551,6 +560,51 @@ class _Op:
     formula: Any
     leaves: list
     reads: list
+    fast: Any = None  # (args template, [(position, ref)], kwargs template, [(name, ref)]) for flat args
+
+
+_NO_TENSORS: dict[int, Any] = {}
+
+
+def _compile_args(args: Any, kwargs: dict) -> Any:
+    """A template of the op's arguments with the tensor slots listed, when no tensor is nested inside
+    a list (then filling the slots is all a replay has to do per op); else None."""
+    def flat(items: list) -> tuple[list, list] | None:
+        template, slots = [], []
+        for i, x in enumerate(items):
+            if _is_ref(x):
+                template.append(None)
+                slots.append((i, x[1]))
+            elif type(x) is list and any(_is_ref(y) or type(y) is list for y in x):
+                return None
+            else:
+                template.append(_dec(x, _NO_TENSORS))
+        return template, slots
+
+    if type(args) is not list:
+        return None
+    fa = flat(args)
+    fk = flat(list(kwargs.values()))
+    if fa is None or fk is None:
+        return None
+    return fa[0], fa[1], dict(zip(kwargs, fk[0])), [(name, ref) for name, (_, ref) in
+                                                      zip([list(kwargs)[i] for i, _ in fk[1]], fk[1])]
+
+
+def _args_of(op: "_Op", env: dict[int, Any]) -> tuple[list, dict]:
+    if op.fast is None:
+        return _dec(op.args, env), ({k: _dec(v, env) for k, v in op.kwargs.items()} if op.kwargs else {})
+    template, slots, kw_template, kw_slots = op.fast
+    a = list(template)
+    try:
+        for i, ref in slots:
+            a[i] = env[ref]
+        kw = dict(kw_template)
+        for name, ref in kw_slots:
+            kw[name] = env[ref]
+    except KeyError:
+        raise ReplayRefused("the record uses a tensor before any op produced it", "malformed") from None
+    return a, kw
 
 
 def prepare(ops: list) -> list[_Op]:
@@ -564,7 +618,7 @@ def prepare(ops: list) -> list[_Op]:
             short = name.split("::")[1]
             formula, view = FLOP_FORMULAS.get(func.overloadpacket), short in VIEW_OPS
         out.append(_Op(func, args, kwargs, o, name, short, view, formula, _out_refs(o),
-                       _arg_refs(args) + _arg_refs(list(kwargs.values()))))
+                       _arg_refs(args) + _arg_refs(list(kwargs.values())), _compile_args(args, kwargs)))
     return out
 
 
@@ -649,7 +703,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     f64, f32, Tensor = torch.float64, torch.float32, torch.Tensor
     with torch.no_grad():
         for index, op in enumerate(prepared):
-            a, kw = _dec(op.args, env), {k: _dec(v, env) for k, v in op.kwargs.items()} if op.kwargs else {}
+            a, kw = _args_of(op, env)
             name = op.name
             if budget is not None:
                 _preflight(op, a, kw, budget, state, trusted)
