@@ -101,6 +101,10 @@ def red(request, tmp_path_factory):
     have = {"bubblewrap": box.isolating, "process_limit": "seccomp" in box.process_limit or box.uid is not None}
     skipped = {}
     for name, spec in list(corpus.items()):
+        if spec.get("suite") == "measurement":  # graded with the real tests: tests/test_redteam_measurement.py
+            shutil.rmtree(subs / name)
+            corpus.pop(name)
+            continue
         if not have.get(spec.get("needs", ""), True):
             # undefended here (e.g. rlimits-only: no private file system, no network namespace): the
             # attack would succeed, and some would scribble on this machine, so it is not run
@@ -149,7 +153,8 @@ def test_the_batch_completes_with_every_submission(red):
 
 def _attacks(red) -> dict[str, dict]:
     out = {n: s for n, s in red["corpus"].items() if s["kind"] == "attack"}
-    assert len(out) + len(red["skipped"]) == sum(s.get("part") == 1 for s in redteam.attacks().values()) >= 16
+    isolation = {n for n, s in redteam.attacks().items() if s.get("suite") != "measurement" and s.get("part") == 1}
+    assert len(out) + len(red["skipped"]) == len(isolation) >= 16
     return out
 
 

@@ -1,8 +1,12 @@
-"""The worker-side tracer (autograder/scenarios/tracing.py) on small attention functions written here.
+"""Trace-and-replay (worker: autograder/scenarios/tracing.py; judge: autograder/engine/replay.py) on small
+attention functions written here.
 
-Each test pins one measurement the assignment tests of parts 2, 4 and 6 rely on: fused-op names, exact
-matmul FLOPs (whole-block causal skipping, 2.5x backward), new-storage bytes (naive vs tiled, expand views,
-slices of an input), and the broadcast multiply+sum blind spot.
+Each test pins one measurement the assignment tests of parts 2, 4 and 6 rely on, as the JUDGE measures it
+in its own replay: fused ops refused by name, exact matmul FLOPs (whole-block causal skipping, 2.5x
+backward), new-storage bytes (naive vs tiled, expand views, slices of an input), the broadcast
+multiply+sum blind spot; and the replay's rules: bit-identical results, budgets on constants and
+scalars, bounds checked on meta tensors before anything runs, malformed records refused, the twin
+replay that exposes answers computed outside the call, what a forward keeps for its backward.
 """
 from __future__ import annotations
 
@@ -12,8 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.scenarios.tracing import saved_tensor_shapes, trace_call
+from autograder.engine import replay as R
+from autograder.scenarios.tracing import Recorder, record_call
 
+
+def trace_call(fn, *args, **kwargs):
+    """Record fn in this process and replay it as the judge does: (the replay's result, its measurements)."""
+    rp = R.record_and_replay(fn, *args, **kwargs)
+    return rp.result, rp.as_trace()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -80,14 +90,16 @@ def test_tiled_matches_naive_so_the_fixtures_are_right():
                           atol=1e-5)
 
 
-def test_sdpa_is_flagged_by_name_on_4d_and_3d_inputs():
+def test_sdpa_is_refused_by_name_on_4d_and_3d_inputs_however_it_was_reached():
     q, k, v = qkv(2, 3, 64, 16)
-    _, tr = trace_call(F.scaled_dot_product_attention, q, k, v)
-    assert tr["fused_attention_ops"] == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    sdpa = getattr(F, "scaled_dot_" + "product_attention")
+    with pytest.raises(R.ReplayRefused, match="_scaled_dot_product_flash_attention_for_cpu") as err:
+        trace_call(sdpa, q, k, v)
+    assert err.value.kind == "fused"
     # On other ranks SDPA decomposes into its math path, recognisable by aten::_safe_softmax.
     q, k, v = qkv(64, 16)
-    _, tr = trace_call(F.scaled_dot_product_attention, q, k, v, is_causal=True)
-    assert "aten::_safe_softmax" in tr["fused_attention_ops"]
+    with pytest.raises(R.ReplayRefused, match="_safe_softmax"):
+        trace_call(sdpa, q, k, v, is_causal=True)
     _, tr = trace_call(tiled, *qkv(2, 64, 16))
     assert tr["fused_attention_ops"] == []
 
@@ -176,25 +188,124 @@ def test_mv_and_dot_are_counted():
     assert tr["matmul_flops"] == 2 * 16
 
 
-def test_trace_is_plain_data_and_saved_tensor_hook_sees_save_for_backward():
-    _, tr = trace_call(naive, *qkv(8, 4))
-    plain = (int, str, list, dict)
-    assert all(isinstance(val, plain) for val in tr.values())
+def test_the_record_is_plain_data_and_the_judge_sees_what_a_forward_keeps_for_backward():
+    from autograder.engine import protocol
+
+    q, k, v = qkv(8, 4)
+    rec = record_call(naive, [q, k, v], q, k, v)
+    protocol.decode_value(*protocol.encode_value(rec))  # crosses the wire as it is
 
     class SavesP(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
             p = torch.softmax(q @ k.t(), -1)
             ctx.save_for_backward(q, p)
+            ctx.also = p.exp()  # a ctx attribute: saved all the same
             return p @ v
 
         @staticmethod
         def backward(ctx, go):
-            return None, None, None
+            q, p = ctx.saved_tensors
+            return (p @ go @ q.t()).t() @ q * 0 + p.sum() + ctx.also.sum(), None, None
 
     q, k, v = (t.requires_grad_() for t in qkv(8, 4))
-    _, shapes = saved_tensor_shapes(SavesP.apply, q, k, v)
-    assert shapes == [[8, 4], [8, 8]]
+    r = Recorder()
+    r.inputs(q, k, v)
+    with r:
+        o = SavesP.apply(q, k, v)
+        r.mark("backward")
+        o.sum().backward()
+    rp = R.replay(r.record({"o": o, "dq": q.grad}), [q.detach(), k.detach(), v.detach()])
+    kept = sorted(tuple(t.shape) for t in rp.kept_for_backward())
+    assert (8, 8) in kept and kept.count((8, 8)) >= 2  # p and ctx.also, both (Nq, Nk)
+    assert torch.allclose(rp.result["dq"], q.grad)
+
+
+def test_replay_is_bit_identical_to_the_direct_call():
+    q, k, v = qkv(2, 113, 16)
+    for causal in (False, True):
+        rp = R.record_and_replay(tiled, q, k, v, causal=causal)
+        assert torch.equal(rp.result, tiled(q, k, v, causal=causal))
+
+
+def test_values_from_outside_the_call_are_constants_within_a_budget():
+    q, k, v = qkv(2, 64, 16)
+    answer = naive(q, k, v)  # computed before the call: it can only enter as a constant
+    with pytest.raises(R.ReplayRefused, match="did not come from the inputs") as err:
+        R.record_and_replay(lambda q, k, v: q * 0 + answer, q, k, v)
+    assert err.value.kind == "constants"
+    R.record_and_replay(lambda q, k, v: q * torch.tensor(2.0), q, k, v)  # a scalar constant is fine
+
+
+def test_many_different_numbers_into_tensors_are_refused():
+    q, k, v = qkv(16, 8)  # 128 values: more than the budget of different numbers
+    values = naive(q, k, v).reshape(-1).tolist()
+
+    def smuggle(q, k, v):
+        o = torch.zeros_like(q)
+        for i, x in enumerate(values):
+            o.view(-1)[i].fill_(x)
+        return o
+
+    with pytest.raises(R.ReplayRefused, match="different numbers") as err:
+        R.record_and_replay(smuggle, q, k, v)
+    assert err.value.kind == "scalars"
+
+
+def test_the_twin_replay_exposes_an_answer_computed_for_the_recorded_inputs_only():
+    q, k, v = qkv(1, 2)  # tiny: 2 values fit every budget
+    values = naive(q, k, v).reshape(-1).tolist()
+
+    def smuggle(q, k, v):
+        return torch.stack([q[0, 0] * 0 + values[0], q[0, 1] * 0 + values[1]]).reshape(1, 2)
+
+    inputs = [q, k, v]
+    rp = R.replay(record_call(smuggle, inputs, q, k, v), inputs)
+    assert torch.allclose(rp.result, naive(q, k, v))  # on the recorded inputs it looks right...
+    twin = [R.perturbed(t, i) for i, t in enumerate(inputs)]
+    rp_twin = R.replay(record_call(smuggle, inputs, q, k, v), twin)
+    assert R.twin_error(rp_twin.result, naive(*twin)) is not None  # ...not on the judge's own
+    honest = R.replay(record_call(naive, inputs, q, k, v), twin)
+    assert R.twin_error(honest.result, naive(*twin)) is None
+
+
+def test_bounds_are_checked_on_meta_tensors_before_anything_runs():
+    x = torch.randn(4)
+
+    def huge(x):
+        return x.new_zeros(1 << 20, 1 << 12).sum()  # 16 GiB if it ran
+
+    with pytest.raises(R.ReplayRefused, match="bytes") as err:
+        R.record_and_replay(lambda x: x, x)  # fine
+        rec = {"inputs": 1, "ops": [["aten::new_zeros.default", [["$t", 0], [1 << 20, 1 << 12]], {}, ["$t", 1]]],
+               "constants": [], "named": [], "marks": {}, "result": ["$t", 1]}
+        R.replay(rec, [x])
+    assert err.value.kind == "budget"
+
+
+@pytest.mark.parametrize("bad", [
+    {"ops": [["aten::_scaled_dot_product_flash_attention_for_cpu.default", [], {}, []]]},
+    {"ops": [["aten::rand.default", [[3]], {}, ["$t", 1]]]},
+    {"ops": [["builtins::eval.x", [], {}, []]]},
+    {"ops": [["aten::add.Tensor", [["$t", 7], ["$t", 0]], {}, ["$t", 1]]]},  # a ref no op made
+    {"inputs": 2},
+])
+def test_malformed_or_forbidden_records_are_refused(bad):
+    rec = {"inputs": 1, "ops": [], "constants": [], "named": [], "marks": {}, "result": ["$t", 0], **bad}
+    with pytest.raises(R.ReplayRefused):
+        R.replay(rec, [torch.randn(3)])
+
+
+def test_a_branch_on_tensor_values_that_goes_otherwise_on_the_judges_inputs_is_refused():
+    def branchy(x):
+        return x * 2 if bool(x.sum() > 0) else x * 3
+
+    x = torch.ones(3)
+    rec = record_call(branchy, [x], x)
+    R.replay(rec, [x])
+    with pytest.raises(R.ReplayRefused, match="branches") as err:
+        R.replay(rec, [-x])
+    assert err.value.kind == "data_dependent"
 
 
 def einsum_attention(q, k, v):
@@ -216,3 +327,76 @@ def test_flop_counts_equal_flopcountermode(fn):
         fn(q, k, v)
     _, tr = trace_call(fn, q, k, v)
     assert tr["matmul_flops"] == counter.get_total_flops() > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# structure rules are bounds that legal variants meet (measured in the judge's replay)
+
+
+def test_a_combine_written_as_einsum_meets_part6s_flop_rule():
+    """Flash-Decoding whose combine's weighted sum Σ_s w_s·o_s is an einsum (a matmul: 2·S·dv per row)."""
+    from autograder.tests.cases_part6 import DecodeCase, decode_flops_bounds
+
+    case = DecodeCase((2, 3), 1, 203, 16, 7, seed=6)
+    q, k, v = case.qkv()
+
+    def decode(q, k, v, n, scale=None):
+        parts = []
+        for ks, vs in zip(torch.tensor_split(k, n, dim=-2), torch.tensor_split(v, n, dim=-2)):
+            s = (q @ ks.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            m = s.amax(-1, keepdim=True)
+            p = torch.exp(s - m)
+            l = p.sum(-1, keepdim=True)
+            parts.append(((p @ vs) / l, (m + torch.log(l)).squeeze(-1)))
+        o_all, l_all = torch.stack([o for o, _ in parts]), torch.stack([x for _, x in parts])
+        lse = torch.logsumexp(l_all, 0)
+        w = torch.exp(l_all - lse)
+        return torch.einsum("s...qd,s...q->...qd", o_all, w), lse
+
+    rp = R.record_and_replay(decode, q, k, v, case.num_splits, part=6)
+    low, high = decode_flops_bounds(case)
+    assert low < rp.matmul_flops <= high  # the einsum's FLOPs are counted, and allowed
+
+
+def _tight_backward(q, k, v, o, lse, do, bq, bk):
+    """K/V-block-major causal backward whose Q loop starts at the first row that sees the block
+    (unaligned Q tiles: the tightest legal block skipping)."""
+    nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    off, scale = nk - nq, 1 / math.sqrt(d)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    D = (do * o).sum(-1)
+    for j0 in range(0, nk, bk):
+        kj, vj = k[..., j0:j0 + bk, :], v[..., j0:j0 + bk, :]
+        first = max(0, j0 - off)  # the first query row that can see key j0
+        for i0 in range(first, nq, bq):
+            qi, doi = q[..., i0:i0 + bq, :], do[..., i0:i0 + bq, :]
+            s = (qi @ kj.transpose(-1, -2)) * scale
+            rows = torch.arange(i0, i0 + qi.shape[-2])[:, None]
+            cols = torch.arange(j0, j0 + kj.shape[-2])[None, :]
+            s = s.masked_fill(cols > rows + off, float("-inf"))
+            p = torch.exp(s - lse[..., i0:i0 + bq, None])
+            dv[..., j0:j0 + bk, :] += p.transpose(-1, -2) @ doi
+            dp = doi @ vj.transpose(-1, -2)
+            ds = p * (dp - D[..., i0:i0 + bq, None]) * scale
+            dq[..., i0:i0 + bq, :] += ds @ kj
+            dk[..., j0:j0 + bk, :] += ds.transpose(-1, -2) @ qi
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("nq,nk,bq,bk", [(256, 256, 32, 32), (113, 203, 32, 64), (203, 113, 64, 32)])
+def test_the_tightest_legal_causal_skipping_meets_part4s_flop_rule(nq, nk, bq, bk):
+    from autograder.tests.cases_part2 import AttnCase
+    from autograder.tests.cases_part4 import backward_flops_bounds, reference_grads
+    from course.reference import attention_reference
+
+    case = AttnCase((2,), nq, nk, 16, causal=True, block_q=bq, block_k=bk)
+    q, k, v = case.qkv()
+    do = torch.randn_like(q)
+    o, lse = attention_reference(q, k, v, True)
+    o, lse = o.float(), lse.float()
+    rp = R.record_and_replay(_tight_backward, q, k, v, o, lse, do, bq, bk, part=4)
+    fewest, most = backward_flops_bounds(case)
+    assert fewest <= rp.matmul_flops <= most
+    expected = reference_grads(q, k, v, do, case)[0]
+    for got, want in zip(rp.result, expected):
+        assert torch.allclose(got.double(), want, atol=1e-4)

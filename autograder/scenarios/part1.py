@@ -1,20 +1,105 @@
-"""Part 1 scenarios (run in the worker): the *_counted softmaxes on a course.counting.ReadCounter.
+"""Part 1 scenarios (run in the worker): the *_counted softmaxes, with reads the JUDGE counts.
 
-The counter has to live next to the student's code; the judge gets back plain numbers (the
-student's result, the reads counted, the length) and recomputes every expected value itself.
+The values stay in the judge. The student's function runs in a thread of the worker on a
+LazyCounter that holds no values: a read of an element whose block (BLOCK consecutive elements,
+aligned) is not at hand ends the current scenario call with {"need": block index}; the judge answers
+with the values of that block in the next call (counted_feed) and counts every element it delivers.
+So the judge's count is the number of input elements the code had to fetch: a correct k-pass
+algorithm fetches exactly k·n (each pass reads every element once, block by block), and nothing the
+code does in this process can make the judge count fewer or more than it fetched.
+
+The rebase count is a RETURN value (checked against the judge's own count of the values), so the
+rebase test uses a plain course.counting.ReadCounter (`counted`).
 """
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Any
 
 from course.counting import ReadCounter
 
 COUNTED = {"naive": "naive_softmax_counted", "safe": "safe_softmax_counted", "online": "online_softmax_counted"}
+BLOCK = 64  # elements per delivery (the judge uses the same constant)
+
+
+class LazyCounter(ReadCounter):
+    """A ReadCounter of n values that fetches each aligned block of BLOCK values from the judge.
+
+    A block delivered once serves each of its elements once; reading an element again (a new
+    pass) fetches its block again."""
+
+    def __init__(self, n: int, ask: "queue.Queue[Any]", answers: "queue.Queue[Any]") -> None:
+        super().__init__([])
+        self._n, self._ask, self._answers = n, ask, answers
+        self._block, self._values_at, self._unread = -1, [], set()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> float:
+        if not isinstance(i, int):
+            raise TypeError(f"ReadCounter takes one integer index at a time, got {type(i).__name__}")
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("ReadCounter index out of range")
+        b = i // BLOCK
+        if b != self._block or i not in self._unread:
+            self._ask.put(("need", b))
+            self._values_at = self._answers.get()
+            self._block, self._unread = b, set(range(b * BLOCK, b * BLOCK + len(self._values_at)))
+        self._unread.discard(i)
+        self.reads += 1
+        return self._values_at[i - b * BLOCK]
+
+    def __iter__(self):
+        for i in range(self._n):
+            yield self[i]
+
+
+_SESSION: dict[str, Any] = {}
+
+
+def _next_event() -> dict[str, Any]:
+    kind, value = _SESSION["ask"].get()
+    if kind == "need":
+        return {"need": value}
+    _SESSION.clear()
+    if kind == "error":
+        raise value
+    return {"result": value}
+
+
+def counted_start(student, which: str, n: int) -> dict[str, Any]:
+    """Start <which>_softmax_counted on a LazyCounter of n values: {"need": block} or {"result": ...}."""
+    fn = student.function(f"online_softmax.{COUNTED[which]}")
+    ask: queue.Queue[Any] = queue.Queue()
+    answers: queue.Queue[Any] = queue.Queue()
+    counter = LazyCounter(n, ask, answers)
+
+    def run() -> None:
+        try:
+            ask.put(("done", fn(counter)))
+        except BaseException as exc:  # noqa: BLE001 -- re-raised in the scenario call
+            ask.put(("error", exc))
+
+    _SESSION.clear()
+    _SESSION.update(ask=ask, answers=answers)
+    threading.Thread(target=run, daemon=True).start()
+    return _next_event()
+
+
+def counted_feed(student, values: list[float]) -> dict[str, Any]:
+    """The values of the block last asked for: {"need": block} or {"result": ...}."""
+    if "answers" not in _SESSION:
+        raise RuntimeError("no counted call is waiting for values")
+    _SESSION["answers"].put([float(v) for v in values])
+    return _next_event()
 
 
 def counted(student, values: list[float], which: str) -> dict[str, Any]:
-    """Run <which>_softmax_counted on ReadCounter(values): {"result", "reads", "n"}."""
+    """Run <which>_softmax_counted on ReadCounter(values): {"result", "n"} (the rebase test)."""
     fn = student.function(f"online_softmax.{COUNTED[which]}")
     counter = ReadCounter(values)
-    result = fn(counter)
-    return {"result": result, "reads": counter.reads, "n": len(counter)}
+    return {"result": fn(counter), "n": len(counter)}

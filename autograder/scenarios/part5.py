@@ -1,7 +1,10 @@
 """Part 5 scenarios (run in the worker): drive the committed tiny model with the student's KV cache.
 
-Every scenario returns plain data (tensors, ints, bools, strings, lists/dicts of them); the judge
-recomputes every expected value itself with the course model WITHOUT a cache.
+cached_logits and cache_updates RECORD what the student's code does (tracing.Recorder, the model's
+parameters named so that the judge substitutes its own copies); the judge replays the records
+(autograder/engine/replay.py) and grades the replay's logits, FLOPs per call and storages. generate
+returns tokens (values the judge checks) and, for its first prompt, a record the judge replays too.
+Nothing measured here decides a point.
 """
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from typing import Any
 import torch
 
 from course.tiny_transformer import TinyTransformer, load_checkpoint
+
+from .tracing import Recorder
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _MODELS: dict[str, TinyTransformer] = {}
@@ -27,66 +32,78 @@ def _new_cache(kv, model: TinyTransformer, batch: int, max_len: int, dtype: str)
     return kv.KVCache(cfg.n_layers, batch, cfg.n_heads, max_len, cfg.head_dim, dtype=_DTYPES[dtype])
 
 
+def _recorder(model: TinyTransformer, *inputs: torch.Tensor) -> Recorder:
+    rec = Recorder()
+    rec.inputs(*inputs)
+    for name, p in model.named_parameters():
+        rec.name(p, f"param:{name}")
+    return rec
+
+
 def cached_logits(student, tokens: torch.Tensor, chunks: list[int], dtype: str = "float32",
                   max_len: int | None = None) -> dict[str, Any]:
     """Feed tokens (B, T) to forward_with_cache in consecutive chunks of the given sizes (the first
-    chunk is the prefill). Returns {"logits": [(B, c, V) per chunk], "lengths": [cache.length
-    after each chunk]}."""
+    chunk is the prefill), recorded. The record's result: {"logits": [(B, c, V) per chunk],
+    "lengths": [cache.length after each chunk]}; mark "call" at the start of each chunk's call."""
     kv = student.module("kv_cache")
     model = _model(dtype)
     total = sum(chunks)
-    cache = _new_cache(kv, model, tokens.shape[0], max_len or total, dtype)
+    rec = _recorder(model, tokens)
     logits, lengths, start = [], [], 0
-    for c in chunks:
-        logits.append(kv.forward_with_cache(model, tokens[:, start:start + c], cache))
-        lengths.append(cache.length)
-        start += c
-    return {"logits": logits, "lengths": lengths}
+    with rec:
+        cache = _new_cache(kv, model, tokens.shape[0], max_len or total, dtype)
+        for c in chunks:
+            rec.mark("call")
+            logits.append(kv.forward_with_cache(model, tokens[:, start:start + c], cache))
+            lengths.append(cache.length)
+            start += c
+        rec.mark("call")
+    return rec.record({"logits": logits, "lengths": lengths})
 
 
 def generate(student, prompts: list[list[int]], max_new_tokens: int, use_cache: bool = True,
-             batched: bool = False, dtype: str = "float32") -> list[list[int]]:
+             batched: bool = False, dtype: str = "float32") -> dict[str, Any]:
     """The student's greedy generate() on each prompt (batch 1 each), or on all prompts at once as
     one (B, T0) batch when `batched` (then they must have the same length), with the model in
-    `dtype`. Returns token lists."""
+    `dtype`. Returns {"tokens": token lists, "record": the record of the FIRST generate() call (the
+    judge replays it)}."""
     kv = student.module("kv_cache")
     model = _model(dtype)
     groups = [prompts] if batched else [[p] for p in prompts]
     out: list[list[int]] = []
-    for group in groups:
-        result = kv.generate(model, torch.tensor(group, dtype=torch.long), max_new_tokens, use_cache=use_cache)
+    record = None
+    for n, group in enumerate(groups):
+        x = torch.tensor(group, dtype=torch.long)
+        if n == 0:
+            rec = _recorder(model, x)
+            with rec:
+                result = kv.generate(model, x, max_new_tokens, use_cache=use_cache)
+            record = rec.record(result if isinstance(result, torch.Tensor) else None)
+        else:
+            result = kv.generate(model, x, max_new_tokens, use_cache=use_cache)
         if not isinstance(result, torch.Tensor):
-            return result  # the judge reports the wrong type
+            return {"tokens": result, "record": None}  # the judge reports the wrong type
         out.extend(result.tolist())
-    return out
+    return {"tokens": out, "record": record}
 
 
 def cache_updates(student, n_layers: int, batch: int, n_heads: int, max_len: int, head_dim: int,
                   updates: list[tuple[int, torch.Tensor, torch.Tensor]], dtype: str = "float32") -> dict[str, Any]:
-    """KVCache(...) and update(layer, k, v) for each update in order. Returns the returned
-    (k_all, v_all), cache.length after each update, and storage facts: whether each returned tensor
-    lives in the storage its layer returned the first time (a preallocated buffer, not a fresh
-    copy), and that storage's size in bytes."""
+    """KVCache(...) and update(layer, k, v) for each update in order, recorded (inputs: the k, v of
+    every update in order). The record's result: {"results": the returned (k_all, v_all) per update,
+    "lengths": cache.length after each}. The judge tells views of one preallocated buffer from copies
+    by the storages of its own replay."""
     kv = student.module("kv_cache")
-    cache = kv.KVCache(n_layers, batch, n_heads, max_len, head_dim, dtype=_DTYPES[dtype])
-    first_ptr: dict[tuple[int, str], int] = {}
-    results, lengths, same_storage, storage_bytes = [], [], [], []
-    for layer, k_new, v_new in updates:
-        k_all, v_all = cache.update(layer, k_new, v_new)
-        results.append((k_all, v_all))
-        lengths.append(cache.length)
-        same, size = [], []
-        for name, t in (("k", k_all), ("v", v_all)):
-            if not isinstance(t, torch.Tensor):
-                same.append(False)
-                size.append(0)
-                continue
-            ptr = t.untyped_storage().data_ptr()
-            same.append(first_ptr.setdefault((layer, name), ptr) == ptr)
-            size.append(t.untyped_storage().nbytes())
-        same_storage.append(same)
-        storage_bytes.append(size)
-    return {"results": results, "lengths": lengths, "same_storage": same_storage, "storage_bytes": storage_bytes}
+    rec = Recorder()
+    rec.inputs(*[t for _, k, v in updates for t in (k, v)])
+    results, lengths = [], []
+    with rec:
+        cache = kv.KVCache(n_layers, batch, n_heads, max_len, head_dim, dtype=_DTYPES[dtype])
+        for layer, k_new, v_new in updates:
+            k_all, v_all = cache.update(layer, k_new, v_new)
+            results.append((k_all, v_all))
+            lengths.append(cache.length)
+    return rec.record({"results": results, "lengths": lengths})
 
 
 def cache_errors(student, n_layers: int, batch: int, n_heads: int, max_len: int, head_dim: int,

@@ -1,175 +1,183 @@
-"""Dispatch-level tracer for the graded PyTorch parts (runs in the worker, around ONE student call).
+"""The recorder (runs in the worker, around the student's calls): what the code DID, as plain data.
 
-    result, trace = trace_call(student_fn, q, k, v, causal=True)
+    rec = Recorder()
+    rec.inputs(q, k, v)                      # refs 0, 1, 2, in this order
+    with rec:
+        result = student_fn(q, k, v, causal=True)
+    return rec.record(result)                # plain data for the judge
 
-`trace` is plain data (ints, strs, lists, dicts) that the judge checks:
+Nothing here measures anything that decides a point. The record is a program of aten ops that the
+judge (autograder/engine/replay.py) checks against its allow-list, bounds on meta tensors, then
+replays on ITS OWN copy of the inputs; every count and every output value the judge grades comes
+from that replay. Student code in this process may edit the recorder, the record or the tensors:
+that changes only the program the judge replays, never what the judge measures from it.
 
-    op_counts              {"aten::bmm": 12, ...}   every aten op the call dispatched
-    fused_attention_ops    ["aten::_scaled_dot_product_flash_attention_for_cpu", ...]  (should be [])
-    matmul_flops           exact matmul FLOPs (2·m·n·k per product), by FlopCounterMode's formulas
-    flops_by_op            {"aten::bmm": ..., "aten::mm": ...}
-    max_new_storage_bytes  the largest tensor storage that appeared during the call and is not an input's
-    max_new_storage        {"bytes", "op", "shape", "dtype"} of that storage (for the feedback)
-    broadcast_product_elems / broadcast_product_ops
-                           elementwise products whose output is larger than every operand (an outer
-                           product by broadcasting): a matmul written as multiply + sum, which counts
-                           0 matmul FLOPs. The judge bounds FLOPs from both sides; this names the cause.
+The record (lists, ints, floats, strs, tensors only):
 
-Why these measurements (see the testing notes of the course):
-- SDPA shows up by NAME (FlopCounterMode gives it 0 FLOPs on the CPU). On 4-D inputs it is
-  `aten::_scaled_dot_product_flash_attention_for_cpu`; on other ranks it decomposes into
-  mm/bmm around `aten::_safe_softmax`, which only SDPA's math path emits.
-- Sizes are storage bytes, not numel: an `expand` view reports N² elements over a few bytes.
-  Storages of the inputs (and of views of them, e.g. a slice of a KV cache) are excluded.
-- FLOPs come from FlopCounterMode's own per-op formulas (torch.utils.flop_counter.flop_registry),
-  applied in this mode's dispatch hook: the counts are FlopCounterMode's (tests/test_tracer.py checks
-  that they are equal), without entering FlopCounterMode itself, whose first use imports
-  torch._dynamo (~1.5 s of CPU in every fresh worker, measured; see _should_skip_dynamo below).
-  The registry does not count mv/dot/addmv; they are added here so that a row-at-a-time
-  implementation is counted like any other.
+    {"inputs": n,                       refs 0..n-1 are the inputs, in the order given to inputs()
+     "ops": JSON text of [[name, args, kwargs, out], ...]
+                                        name "aten::bmm.default" (op and overload); args/kwargs/out
+                                        encode a tensor as ["$t", ref], a device, layout or memory
+                                        format as ["$dev" | "$lay" | "$mf", name]; `out` numbers the
+                                        new tensors an op returned (an in-place op returns its self),
+                                        as ["$t", ref, shape, strides, dtype]
+     "constants": [[ref, tensor], ...]  tensors that entered from outside the recorded ops (their
+                                        bytes ship; the judge bounds their count and size)
+     "named": [[ref, name], ...]        tensors the judge owns too (e.g. "param:blocks.0.attn.wq.weight"
+                                        of the course model): the judge substitutes its own copy
+     "marks": {name: [op index, ...]}   positions in the program (e.g. where a backward starts)
+     "result": the returned value with tensors as ["$t", ref]}
+
+`trusted(name, fn)` wraps a course function that the judge computes itself (part 4's correct
+forward): its call is recorded as ONE op "judge::name" and its own ops are not recorded.
 """
 from __future__ import annotations
 
-import re
-from collections import Counter
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, shape_wrapper
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-aten = torch.ops.aten
-
-# Any fused attention kernel, and the softmax that only SDPA's math fallback emits.
-FUSED_ATTENTION = re.compile(r"attention|_safe_softmax|_fused_sdp|_transformer_encoder", re.IGNORECASE)
+MAX_RECORDED_OPS = 200_000  # the judge's own bound is lower; this only stops runaway recording early
 
 
-def _mv_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    m, k = a_shape
-    return 2 * m * k
+class RecordTooLarge(Exception):
+    """The call dispatched more ops than any record may hold."""
 
 
-def _addmv_flop(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    m, k = a_shape
-    return 2 * m * k
+class Recorder(TorchDispatchMode):
+    """A TorchDispatchMode that appends every aten op to a plain-data program."""
 
-
-def _dot_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    return 2 * a_shape[0]
-
-
-def _addbmm_flop(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    b, m, k = a_shape
-    return 2 * b * m * k * b_shape[-1]
-
-
-EXTRA_FLOPS = {aten.mv: _mv_flop, aten.addmv: _addmv_flop, aten.dot: _dot_flop, aten.vdot: _dot_flop,
-               aten.addbmm: _addbmm_flop}
-# op packet -> f(*args, out_val=out, **kwargs) -> FLOPs, exactly as FlopCounterMode applies them.
-FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in EXTRA_FLOPS.items()}}
-
-
-def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
-    try:
-        s = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # tensors without storage (none expected on the CPU)
-        return None
-    return s.data_ptr(), s.nbytes()
-
-
-def _effective_numel(t: torch.Tensor) -> int:
-    """Elements actually stored behind t (an expand view has few, a slice has its own numel)."""
-    key = _storage_key(t)
-    if key is None or t.element_size() == 0:
-        return t.numel()
-    return min(t.numel(), key[1] // t.element_size())
-
-
-class _Recorder(TorchDispatchMode):
-    """Records op names, fused-attention ops, new storages and broadcast products."""
-
-    def __init__(self, input_ptrs: set[int]) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.input_ptrs = input_ptrs
-        self.ops: Counter[str] = Counter()
-        self.fused: set[str] = set()
-        self.seen: set[tuple[int, int]] = set()
-        self.largest: dict[str, Any] = {"bytes": 0, "op": "", "shape": [], "dtype": ""}
-        self.broadcast_elems = 0
-        self.broadcast_ops = 0
-        self.flops: Counter[str] = Counter()
+        self._refs: dict[int, int] = {}  # id(tensor) -> ref
+        self._alive: list[Any] = []  # every tensor seen stays alive, so that no id is reused
+        self.ops: list[list[Any]] = []
+        self.constants: list[list[Any]] = []
+        self.named: list[list[Any]] = []
+        self.marks: dict[str, list[int]] = {}
+        self.n_inputs = 0
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # torch's documented switch: do not wrap __torch_dispatch__ in torch._dynamo.disable. That
-        # wrapper imports torch._dynamo on first use: ~1.5 s of CPU in every fresh worker (measured).
+        # torch's documented switch: do not wrap __torch_dispatch__ in torch._dynamo.disable, whose
+        # first use imports torch._dynamo (~1.5 s of CPU in every fresh worker, measured).
         return False
 
+    # -- references -------------------------------------------------------------------------------
+
+    def _new_ref(self, t: torch.Tensor) -> int:
+        ref = len(self._alive)
+        self._refs[id(t)] = ref
+        self._alive.append(t)
+        return ref
+
+    def inputs(self, *tensors: torch.Tensor) -> None:
+        """Number the call's input tensors (refs 0, 1, ...). Call before recording starts."""
+        for t in tensors:
+            self._new_ref(t)
+        self.n_inputs = len(self._alive)
+
+    def name(self, t: torch.Tensor, name: str) -> None:
+        """A tensor the judge owns too (e.g. a parameter of the course model)."""
+        if id(t) not in self._refs:
+            self.named.append([self._new_ref(t), name])
+
+    def mark(self, name: str) -> None:
+        """Remember the current position in the program under `name`."""
+        self.marks.setdefault(name, []).append(len(self.ops))
+
+    def _ref(self, t: torch.Tensor) -> int:
+        ref = self._refs.get(id(t))
+        if ref is None:  # entered from outside the recorded ops: a constant that ships its bytes
+            ref = self._new_ref(t)
+            with _disable_current_modes():
+                value = t.detach().clone() if t.layout == torch.strided and t.device.type == "cpu" else None
+            self.constants.append([ref, value])
+        return ref
+
+    def _enc(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return ["$t", self._ref(x)]
+        if isinstance(x, (list, tuple)):
+            return [self._enc(i) for i in x]
+        if isinstance(x, torch.device):
+            return ["$dev", str(x)]
+        if isinstance(x, torch.layout):
+            return ["$lay", str(x).removeprefix("torch.")]
+        if isinstance(x, torch.memory_format):
+            return ["$mf", str(x).removeprefix("torch.")]
+        if isinstance(x, torch.dtype):
+            return ["$dt", str(x).removeprefix("torch.")]
+        if x is None or type(x) in (bool, int, float, str):
+            return x
+        if isinstance(x, bool):  # scalar subclasses (numpy's, or ones with a forged __eq__): the plain value
+            return bool(x)
+        if isinstance(x, int):
+            return int(x)
+        if isinstance(x, float):
+            return float(x)
+        return ["$unknown", type(x).__name__]  # the judge refuses the record
+
+    def _enc_out(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            ref = self._refs.get(id(x))
+            # shape, strides and dtype: the judge bounds views from these before replaying, then checks them
+            return ["$t", ref if ref is not None else self._new_ref(x), list(x.shape), list(x.stride()),
+                    str(x.dtype).removeprefix("torch.")]
+        if isinstance(x, (list, tuple)):
+            return [self._enc_out(i) for i in x]
+        if type(x) is dict:
+            return {str(k): self._enc_out(v) for k, v in x.items()}
+        return self._enc(x)
+
+    # -- recording ----------------------------------------------------------------------------------
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func._schema.name  # "aten::bmm" (overload dropped)
-        self.ops[name] += 1
-        formula = FLOP_FORMULAS.get(func.overloadpacket)
-        if formula is not None:
-            self.flops[name] += int(formula(*args, **(kwargs or {}), out_val=out))
-        if FUSED_ATTENTION.search(name):
-            self.fused.add(name)
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        for t in outs:
-            key = _storage_key(t)
-            # First appearance of a storage that is not an input's: measure it once.
-            if key is None or key in self.seen or key[0] in self.input_ptrs:
-                continue
-            self.seen.add(key)
-            if key[1] > self.largest["bytes"]:
-                self.largest = {"bytes": int(key[1]), "op": name, "shape": list(t.shape),
-                                "dtype": str(t.dtype).replace("torch.", "")}
-        if name == "aten::mul" and outs:
-            operands = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
-            n_out = outs[0].numel()
-            # Both operands broadcast up to a larger result: an outer product, i.e. a hidden matmul.
-            if len(operands) == 2 and all(1 < _effective_numel(a) < n_out for a in operands):
-                self.broadcast_elems += n_out
-                self.broadcast_ops += 1
+        kwargs = kwargs or {}
+        enc_args, enc_kwargs = self._enc(list(args)), {k: self._enc(v) for k, v in kwargs.items()}
+        out = func(*args, **kwargs)
+        if len(self.ops) >= MAX_RECORDED_OPS:
+            raise RecordTooLarge(f"the call dispatched more than {MAX_RECORDED_OPS:,} torch ops")
+        self.ops.append([f"{func._schema.name}.{func._overloadname}", enc_args, enc_kwargs, self._enc_out(out)])
         return out
 
+    def trusted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """fn as ONE recorded op "judge::name" (the judge computes it itself): positional tensor args."""
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            enc_args, enc_kwargs = self._enc(list(args)), {k: self._enc(v) for k, v in kwargs.items()}
+            with _disable_current_modes():
+                out = fn(*args, **kwargs)
+            self.ops.append([f"judge::{name}", enc_args, enc_kwargs, self._enc_out(out)])
+            return out
+        return wrapper
 
-def trace_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-    """Run fn(*args, **kwargs) under the tracer; return (fn's result, trace as plain data)."""
-    return trace(fn, args, kwargs)
+    def record(self, result: Any) -> dict[str, Any]:
+        """The plain-data record (see the module docstring). The op list travels as ONE JSON string
+        (a dtype as ["$dt", name]): tens of thousands of small lists would cost more to tag one by one."""
+        import json
+
+        return {"inputs": self.n_inputs, "ops": json.dumps(self.ops, separators=(",", ":")),
+                "constants": self.constants, "named": self.named,
+                "marks": self.marks, "result": self._enc_out(result) if result is not None else None}
 
 
-def trace(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
-          exclude: tuple[torch.Tensor, ...] = ()) -> tuple[Any, dict[str, Any]]:
-    """trace_call with explicit args/kwargs; tensors in `exclude` (e.g. what autograd saved for a
-    backward) count as inputs: their storages, and views of them, are not new."""
-    kwargs = kwargs or {}
-    inputs = [t for t in tree_flatten((args, kwargs, exclude))[0] if isinstance(t, torch.Tensor)]
-    input_ptrs = {key[0] for key in map(_storage_key, inputs) if key is not None and key[1] > 0}
-    recorder = _Recorder(input_ptrs)
-    with recorder:
+def record_call(fn: Callable[..., Any], inputs: list[torch.Tensor], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Run fn(*args, **kwargs) under a Recorder whose inputs are `inputs` (in this order)."""
+    rec = Recorder()
+    rec.inputs(*inputs)
+    with rec:
         result = fn(*args, **kwargs)
-    return result, {
-        "op_counts": dict(recorder.ops),
-        "fused_attention_ops": sorted(recorder.fused),
-        "matmul_flops": int(sum(recorder.flops.values())),
-        "flops_by_op": dict(recorder.flops),
-        "max_new_storage_bytes": int(recorder.largest["bytes"]),
-        "max_new_storage": recorder.largest,
-        "broadcast_product_elems": int(recorder.broadcast_elems),
-        "broadcast_product_ops": int(recorder.broadcast_ops),
-    }
+    return rec.record(result)
 
 
-def saved_tensor_shapes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[list[int]]]:
-    """Run fn under torch.autograd.graph.saved_tensors_hooks; return (result, shapes of every saved tensor)."""
-    shapes: list[list[int]] = []
+def tensors_of(*values: Any) -> list[torch.Tensor]:
+    """The tensors in values, in the order the judge flattens them too (torch's pytree order)."""
+    from torch.utils._pytree import tree_flatten
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        shapes.append(list(t.shape))
-        return t
+    return [t for t in tree_flatten(list(values))[0] if isinstance(t, torch.Tensor)]
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        result = fn(*args, **kwargs)
-    return result, shapes
+
+def call(student, fn: str, args: list, kwargs: dict) -> dict[str, Any]:
+    """Scenario: record the student's `fn` ("module.function")(*args, **kwargs); the judge replays it."""
+    return record_call(student.function(fn), tensors_of(args, kwargs), *args, **kwargs)

@@ -6,8 +6,14 @@ Checked three ways:
 (b) conventions: ⊕ has the identity (-inf, 0, 0); two empty sides give no NaN; ⊕ is commutative and
     associative (hypothesis draws the summaries, the student merges them); rows scaled ×40 or
     shifted by +1000 do not overflow in the safe and online softmax; an all -inf row gives zeros;
-(c) counters: the *_counted softmaxes read their input 2 / 3 / 2 times (course.counting.ReadCounter,
-    in the worker), and the rebase count equals the count the judge recomputes from the values.
+(c) counters, judge-side: the *_counted softmaxes read their input 2 / 3 / 2 times, counted BY THE
+    JUDGE as the input elements it had to deliver (the values stay in the judge; the worker's counter
+    asks for each block of 64 as it is read: scenarios/part1.py), and the rebase count (a return
+    value) equals the count the judge recomputes from the values.
+
+Every tensor function is recorded in the worker and replayed by the judge (autograder/engine/
+replay.py): the checks grade the REPLAY's output, and a twin replay on judge-drawn inputs must
+compute the reference of those inputs (an answer computed outside the call cannot).
 
 Tolerances (the 2×-plain rule of the README presumes the plain code's summation order; a softmax
 here may sum sequentially, so part 1 uses rigorous rounding bounds instead, and why):
@@ -30,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close, unpack
 
@@ -209,6 +216,21 @@ def _segments(case: MergeCase, with_v: bool) -> tuple[tuple, tuple, dict]:
 
 
 # ---------------------------------------------------------------------------------------------
+# the student's calls, replayed by the judge
+
+
+def replayed(student, fn: str, args: tuple, reference, seed: int = 1) -> Any:
+    """online_softmax.<fn>(*args) recorded in the worker and replayed by the judge: the replay's result.
+    `reference(*judge_args)` is the float64 answer, which the twin replay must match on its inputs."""
+    rp, _, _ = replay.call(student, f"{FN}.{fn}", tuple(args), seed=seed, reference=reference)
+    return rp.result
+
+
+def _ref64(fn):
+    return lambda *args: fn(*[tuple(t.double() for t in a) if type(a) is tuple else a.double() for a in args])
+
+
+# ---------------------------------------------------------------------------------------------
 # checks: (a) references
 
 
@@ -256,7 +278,7 @@ def recognise_summary(finding: "pb.Finding") -> str | None:
 
 def check_softmax(student, fn: str, case: RowsCase) -> None:
     x = case.x()
-    out = student.call(f"{FN}.{fn}", x)
+    out = replayed(student, fn, (x,), _ref64(ref_softmax))
     with probed(lambda: pb.softmax_ladder(student, fn)):
         check_close(out, ref_softmax(case.x64()), what=f"{fn}(x) against float64 softmax over the last dim",
                     inputs={"x": x}, rtol=softmax_rtol(x.shape[-1], x.dtype), hint=HINTS[fn], dtype=x.dtype)
@@ -264,7 +286,7 @@ def check_softmax(student, fn: str, case: RowsCase) -> None:
 
 def check_summary(student, case: RowsCase) -> None:
     x = case.x()
-    m, l = unpack(student.call(f"{FN}.online_summary", x), 2, what="online_summary(x) returns (m, ℓ)",
+    m, l = unpack(replayed(student, "online_summary", (x,), _ref64(ref_summary)), 2, what="online_summary(x) returns (m, ℓ)",
                   hint=HINTS["summary_l"])
     m_ref, l_ref = ref_summary(case.x64())
     with probed(lambda: pb.summary_ladder(student), recognise_summary):
@@ -278,7 +300,7 @@ def check_summary(student, case: RowsCase) -> None:
 def check_merge_summary(student, case: MergeCase) -> None:
     a, b, shown = _segments(case, with_v=False)
     dt = case.rows.torch_dtype
-    m, l = unpack(student.call(f"{FN}.merge_summary", a, b), 2, what="merge_summary(a, b) returns (m, ℓ)",
+    m, l = unpack(replayed(student, "merge_summary", (a, b), merge_ref), 2, what="merge_summary(a, b) returns (m, ℓ)",
                   hint=HINTS["merge"])
     m_ref, l_ref = merge_ref(a, b)
     empty = bool((torch.isneginf(a[0]) & torch.isneginf(b[0])).any())
@@ -293,7 +315,7 @@ def check_merge_summary(student, case: MergeCase) -> None:
 def check_merge_partial(student, case: MergeCase) -> None:
     a, b, shown = _segments(case, with_v=True)
     dt = case.rows.torch_dtype
-    m, l, o = unpack(student.call(f"{FN}.merge_partial", a, b), 3, what="merge_partial(a, b) returns (m, ℓ, o)",
+    m, l, o = unpack(replayed(student, "merge_partial", (a, b), merge_ref), 3, what="merge_partial(a, b) returns (m, ℓ, o)",
                      hint=HINTS["merge_partial"])
     m_ref, l_ref, o_ref = merge_ref(a, b)
     empty = bool((torch.isneginf(a[0]) & torch.isneginf(b[0])).any())
@@ -331,7 +353,7 @@ def check_identity(student, dtype: str, lead: tuple[int, ...] = (5,), seed: int 
         ("(-inf, 0) ⊕ a = a", ident, (m, l), (m, l)),
         ("(-inf, 0) ⊕ (-inf, 0) = (-inf, 0), no NaN", ident, ident, ident),
     ):
-        got = unpack(student.call(f"{FN}.merge_summary", left, right), 2, what=f"merge_summary: {what}",
+        got = unpack(replayed(student, "merge_summary", (left, right), merge_ref), 2, what=f"merge_summary: {what}",
                      hint=HINTS["identity"])
         for name, g_t, w_t in zip("mℓ", got, want):
             check_close(g_t, w_t.double(), what=f"{name} of merge_summary: {what}", inputs=shown, atol=0.0,
@@ -340,7 +362,7 @@ def check_identity(student, dtype: str, lead: tuple[int, ...] = (5,), seed: int 
         ("(m, ℓ, o) ⊕ (-inf, 0, 0) = (m, ℓ, o)", (m, l, o), ident_o, (m, l, o)),
         ("(-inf, 0, 0) ⊕ (-inf, 0, 0) = (-inf, 0, 0), no NaN", ident_o, ident_o, ident_o),
     ):
-        got = unpack(student.call(f"{FN}.merge_partial", left, right), 3, what=f"merge_partial: {what}",
+        got = unpack(replayed(student, "merge_partial", (left, right), merge_ref), 3, what=f"merge_partial: {what}",
                      hint=HINTS["identity"])
         for name, g_t, w_t in zip(("m", "ℓ", "o"), got, want):
             check_close(g_t, w_t.double(), what=f"{name} of merge_partial: {what}", inputs=shown, atol=0.0,
@@ -367,7 +389,7 @@ def summaries_strategy(size: int):
 def check_algebra(student, a, b, c) -> None:
     """Commutativity and associativity of merge_summary on float64 batches, against float64 ⊕."""
     shown = {"m_a": a[0], "m_b": b[0], "m_c": c[0]}
-    call = lambda x, y: unpack(student.call(f"{FN}.merge_summary", x, y), 2,  # noqa: E731
+    call = lambda x, y: unpack(replayed(student, "merge_summary", (x, y), merge_ref), 2,  # noqa: E731
                                what="merge_summary(a, b) returns (m, ℓ)", hint=HINTS["merge"])
     ab, ba = call(a, b), call(b, a)
     abc_left, abc_right = call(ab, c), call(a, call(b, c))
@@ -415,12 +437,33 @@ def _float_list(result: Any, n: int, what: str, hint: str) -> torch.Tensor:
     return torch.tensor([float(v) for v in result], dtype=torch.float64)
 
 
+BLOCK = 64  # elements per delivery: scenarios/part1.BLOCK
+
+
+def judge_counted(student, which: str, values: list[float]) -> tuple[Any, int]:
+    """Run <which>_softmax_counted with the values kept in the judge, delivered block by block as the
+    code reads them (scenarios/part1.py). Returns (its result, the elements the judge delivered)."""
+    n = len(values)
+    out = student.scenario("part1.counted_start", which=which, n=n)
+    delivered = 0
+    limit = 8 * n + BLOCK  # more than any pass count the tests expect: stop a runaway reader
+    while type(out) is dict and "need" in out:
+        b = out["need"]
+        check(type(b) is int and 0 <= b * BLOCK < max(n, 1) and delivered <= limit,
+              what=f"{which}_softmax_counted reads its input a bounded number of times",
+              detail=f"it asked for more than {limit:,} element reads of {n}" if delivered > limit
+              else "it asked for an element that does not exist", hint=HINTS["passes"][which], inputs={"x": (n,)})
+        block = values[b * BLOCK:(b + 1) * BLOCK]
+        delivered += len(block)
+        out = student.scenario("part1.counted_feed", values=block)
+    check(type(out) is dict and "result" in out, what=f"{which}_softmax_counted ran",
+          detail="the scenario returned an unexpected value")
+    return out["result"], delivered
+
+
 def check_passes(student, which: str, n: int, seed: int) -> None:
     values = counted_values(n, seed)
-    out = student.scenario("part1.counted", values=values, which=which)
-    check(type(out) is dict and {"result", "reads", "n"} <= set(out), what=f"{which}_softmax_counted ran",
-          detail="the scenario returned an unexpected value")
-    result = out["result"]
+    result, reads = judge_counted(student, which, values)
     fn = f"{which}_softmax_counted"
     if which == "online":
         result, _ = unpack(result, 2, what=f"{fn}(x) returns (probabilities, rebases)", hint=HINTS["rebases"])
@@ -429,9 +472,9 @@ def check_passes(student, which: str, n: int, seed: int) -> None:
     check_close(probs, ref_softmax(x), what=f"{fn}(x) against float64 softmax", inputs={"x": (n,)}, atol=1e-12,
                 rtol=0.0, hint=HINTS["passes"][which], dtype=torch.float64)
     want = {"naive": 2, "safe": 3, "online": 2}[which]
-    reads = out["reads"]
-    check(type(reads) is int and reads == want * n, what=f"{fn} reads every element exactly {want} times",
-          detail=f"{reads} element reads for {n} elements = {reads / n:.3g} passes, expected {want}",
+    check(reads == want * n, what=f"{fn} reads every element exactly {want} times (counted by the judge)",
+          detail=f"the judge delivered {reads} element reads for {n} elements = {reads / max(n, 1):.3g} passes, "
+                 f"expected {want} (a pass reads the elements in order, block by block)",
           hint=HINTS["passes"][which], inputs={"x": (n,)})
 
 

@@ -7,8 +7,17 @@ Each part is checked three ways:
     runs the invariant probes (probes.py) for its hint;
 (b) against the handout's conventions: lse natural log incl. m, bottom-right causal alignment with
     Nq != Nk both ways, fully masked rows o = 0 / lse = -inf / no NaN;
-(c) against counters of the dispatch-level tracer (autograder/scenarios/tracing.py): no fused
-    attention op, no Nq×Nk storage, exact matmul FLOPs (whole-block causal skipping).
+(c) against what the JUDGE measures in its own replay of the call (autograder/engine/replay.py):
+    the worker records the aten ops the call ran, the judge checks them against its allow-list (no
+    fused attention op under any name, no dense logsumexp/softmax), replays them on its own copy of
+    the inputs and measures matmul FLOPs (exact, whole-block causal skipping), the largest new storage (no Nq×Nk)
+    and float64 copies of float32 data.
+
+Every test of this part, values included, grades the REPLAY's output against references the judge
+computes; the structure of that same replay is checked in the same test (`check_forward_structure`).
+So a dense, fused or reference-calling implementation loses the value points too. A second replay on
+judge-drawn inputs (`replay.check_twin`) must compute the reference of those inputs, so an answer
+brought in from outside the recorded ops (constants, scalars) cannot pass either.
 
 Which inputs expose which bug (measured, see the course's testing notes): Nq != Nk for top-left
 alignment; N not a multiple of the blocks (113, 203) for a dropped ragged block; causal Nq > Nk for
@@ -23,6 +32,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
+from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close, unpack
 from course.reference import attention_plain, attention_reference
@@ -123,9 +133,8 @@ def nonfinite_summary(t: torch.Tensor) -> str:
 
 def check_forward_values(student, case: AttnCase, *, hidden: bool = False) -> None:
     """o and lse of flash_forward against the float64 reference (2× plain rule), with diagnosis."""
-    q, k, v = case.qkv()
-    result = student.call("flash_forward.flash_forward", q, k, v, **case.kwargs())
-    o, lse = unpack(result, 2, what="flash_forward returns (o, lse)")
+    rp, q, k, v = replayed_forward(student, case)
+    o, lse = unpack(rp.result, 2, what="flash_forward returns (o, lse)")
     ref_o, ref_lse = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, plain_lse = attention_plain(q, k, v, case.causal, case.scale)
     inputs = case.shown(q, k, v)
@@ -137,14 +146,14 @@ def check_forward_values(student, case: AttnCase, *, hidden: bool = False) -> No
     close_or_diagnose(lse, ref_lse, what="lse of flash_forward: log Σ_j exp(S_ij), natural log, including m",
                       inputs=inputs, plain=plain_lse, factor=tol.FORWARD_FACTOR,
                       diagnose=lambda bound: dg.diagnose_forward(lse, "lse", q, k, v, tol=bound, **diag))
+    check_forward_structure(rp, case, inputs=inputs)  # the same replay's structure: values and structure together
 
 
 def check_fully_masked_rows(student, case: AttnCase) -> None:
     """Causal with Nq > Nk: the first Nq - Nk queries attend no key -> o = 0, lse = -inf, no NaN anywhere."""
     assert case.causal and case.nq > case.nk, "test bug: needs causal with Nq > Nk"
-    q, k, v = case.qkv()
-    o, lse = unpack(student.call("flash_forward.flash_forward", q, k, v, **case.kwargs()), 2,
-                    what="flash_forward returns (o, lse)")
+    rp, q, k, v = replayed_forward(student, case)
+    o, lse = unpack(rp.result, 2, what="flash_forward returns (o, lse)")
     masked = dg.fully_masked_rows(case.nq, case.nk, True)
     inputs = case.shown(q, k, v)
     rows = f"rows 0..{masked[-1]}"
@@ -166,6 +175,7 @@ def check_fully_masked_rows(student, case: AttnCase) -> None:
           what="o finite everywhere and lse finite in rows that see at least one key",
           detail=f"o: {nonfinite_summary(o)}; lse rows {visible[0]}..: {nonfinite_summary(lse[..., visible])}",
           hint=dg.HINT_NAN, inputs=inputs)
+    check_forward_structure(rp, case, inputs=inputs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,7 +209,8 @@ HINT_NO_SKIP = ("causal without block skipping: every (Q block, K/V block) pair 
 HINT_HIDDEN_MATMUL = ("part of the attention is computed as a broadcast multiply + sum ({elems:,} products): "
                       "that is a matmul hidden from the matmul count; use @ / torch.matmul on the tiles")
 HINT_FEWER = ("fewer matmul FLOPs than the tiles need: a (Q block, K/V block) pair that has visible keys was "
-              "skipped (the diagonal block? the ragged last block?), or part of the work is not a torch matmul")
+              "skipped (the diagonal block? the ragged last block?), or part of the work is not a torch matmul (a "
+              "broadcast multiply + sum counts no matmul FLOPs: use @ / torch.matmul on the tiles)")
 HINT_MORE = ("more matmul FLOPs than the tiles need: multiply each (Q block, K/V block) pair once, with ragged "
              "last tiles (no padding to full blocks) and no extra products (e.g. P̃ @ ones for a row sum)")
 
@@ -212,12 +223,41 @@ def flops_hint(actual: int, expected: int, full: int, trace: dict[str, Any]) -> 
     return HINT_FEWER if actual < expected else HINT_MORE
 
 
+HINT_UPCAST = ("the call makes float64 copies of float32 data: compute in the dtype of q (a float64 detour is "
+               "what the course's dense reference does, not FlashAttention)")
+
+
+def replayed_forward(student, case: AttnCase) -> tuple[replay.Replayed, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flash_forward recorded in the worker and replayed by the judge on its own q, k, v:
+    (the replay, the judge's q, k, v). Check rp.result against references of THESE q, k, v."""
+    q, k, v = case.qkv()
+    rp, (jq, jk, jv), _ = replay.call(
+        student, "flash_forward.flash_forward", (q, k, v), case.kwargs(), seed=case.seed + 1,
+        reference=lambda q, k, v, causal, scale, **_: attention_reference(q, k, v, causal, scale))
+    return rp, jq, jk, jv
+
+
+def separates(case: AttnCase) -> bool:
+    """Whether a tiled forward's largest storage (o, a scaled copy of q or k, one tile of S over the
+    batch) is at most half of one head's Nq×Nk scores, so that storage tells tiled from dense."""
+    itemsize = case.torch_dtype.itemsize
+    legit = itemsize * math.prod(case.lead) * max(case.nq * case.d, case.nk * case.d, case.block_q * case.block_k)
+    return 2 * legit <= case.nq * case.nk * itemsize
+
+
 def check_trace_common(trace: dict[str, Any], *, fn: str, nq: int, nk: int, itemsize: int, inputs: dict,
-                       fused_hint: str = HINT_FUSED, nxn_hint: str = HINT_NXN) -> None:
-    """No fused attention op; no new storage as large as one (batch, head)'s Nq × Nk scores."""
+                       fused_hint: str = HINT_FUSED, nxn_hint: str = HINT_NXN, upcasts: int = 0,
+                       float32: bool = False, storage: bool = True) -> None:
+    """No fused attention op (the replay refuses it); no float64 copy of float32 data; no new storage
+    as large as one (batch, head)'s Nq × Nk scores (when `storage`: the shapes separate the two)."""
     fused = trace["fused_attention_ops"]
     check(not fused, what=f"no fused attention op inside {fn}", detail=f"the call dispatched {', '.join(fused)}",
           hint=fused_hint, inputs=inputs)
+    if float32:
+        check(upcasts == 0, what=f"{fn} computes in the dtype of its float32 inputs",
+              detail=f"{upcasts} op(s) turned float32 data into float64", hint=HINT_UPCAST, inputs=inputs)
+    if not storage:
+        return
     nxn = nq * nk * itemsize
     big = trace["max_new_storage"]
     if big["op"] == "aten::mul" and trace.get("broadcast_product_elems"):
@@ -228,18 +268,12 @@ def check_trace_common(trace: dict[str, Any], *, fn: str, nq: int, nk: int, item
           hint=nxn_hint, inputs=inputs)
 
 
-def check_forward_trace(student, case: AttnCase, *, hidden: bool = False) -> None:
-    """flash_forward traced: no fused op, no Nq×Nk storage, exact matmul FLOPs, and a correct result."""
-    q, k, v = case.qkv()
-    # Shapes are chosen so that a tiled forward's largest storage (o, a scaled copy of q or k, one tile
-    # of S over the batch) is at most half of one head's Nq×Nk scores, while naive attention's is at
-    # least that: room for a float64 copy, and a clean separation.
-    itemsize = q.element_size()
-    legit = itemsize * math.prod(case.lead) * max(case.nq * case.d, case.nk * case.d, case.block_q * case.block_k)
-    assert 2 * legit <= case.nq * case.nk * itemsize, f"test bug: {case.id} cannot separate tiled from naive"
-    out = student.scenario("part2.trace_forward", q=q, k=k, v=v, **case.kwargs())
-    trace, inputs = out["trace"], case.shown(q, k, v)
-    check_trace_common(trace, fn="flash_forward", nq=case.nq, nk=case.nk, itemsize=itemsize, inputs=inputs)
+def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict) -> None:
+    """The structure of the replayed flash_forward: no fused op, input dtype, no Nq×Nk storage (where
+    the shapes separate tiled from dense), exact matmul FLOPs (whole-block causal skipping)."""
+    trace = rp.as_trace()
+    check_trace_common(trace, fn="flash_forward", nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize,
+                       inputs=inputs, upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
     expected, full = forward_flops(case), forward_flops(case, causal=False)
     pairs = len(block_pairs(case.nq, case.nk, case.causal, case.block_q, case.block_k))
     total = len(block_pairs(case.nq, case.nk, False, case.block_q, case.block_k))
@@ -249,11 +283,19 @@ def check_forward_trace(student, case: AttnCase, *, hidden: bool = False) -> Non
           detail=(f"counted {trace['matmul_flops']:,}, expected {expected:,}"
                   + (f" ({pairs} of {total} block pairs; all pairs would be {full:,})" if case.causal else "")),
           hint=flops_hint(trace["matmul_flops"], expected, full, trace), inputs=inputs)
-    o, _ = unpack(out["result"], 2, what="flash_forward returns (o, lse)")
+
+
+def check_forward_trace(student, case: AttnCase, *, hidden: bool = False) -> None:
+    """flash_forward replayed: no fused op, no Nq×Nk storage, exact matmul FLOPs, and a correct result."""
+    assert separates(case), f"test bug: {case.id} cannot separate tiled from naive"
+    rp, q, k, v = replayed_forward(student, case)
+    inputs = case.shown(q, k, v)
+    check_forward_structure(rp, case, inputs=inputs)
+    o, _ = unpack(rp.result, 2, what="flash_forward returns (o, lse)")
     ref_o, _ = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)
     diag = dict(causal=case.causal, block_q=case.block_q, block_k=case.block_k, scale=case.scale, where=not hidden,
                 student=student)
-    close_or_diagnose(o, ref_o, what="o of the traced flash_forward call (the counts are of a correct result)",
+    close_or_diagnose(o, ref_o, what="o of the replayed flash_forward call (the counts are of a correct result)",
                       inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR,
                       diagnose=lambda bound: dg.diagnose_forward(o, "o", q, k, v, tol=bound, **diag))

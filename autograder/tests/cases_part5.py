@@ -2,7 +2,16 @@
 
 The trusted side is the course model WITHOUT a cache (course.tiny_transformer, committed
 checkpoint): logits of the whole sequence in one call, positions 0..T-1. The student's cache runs
-in the worker (autograder/scenarios/part5.py) and returns plain tensors/lists.
+in the worker (autograder/scenarios/part5.py), which RECORDS the ops; the judge replays the record
+with its own copy of the model weights (autograder/engine/replay.py) and grades the replay:
+- the logits of every call come from the replay; a twin replay with the judge's own perturbed
+  weights must give the logits of the perturbed model (an answer computed outside the call fails);
+- "no recompute": the replayed matmul FLOPs of each forward_with_cache call are at most those of its
+  c NEW tokens (projections, FFN, head) plus their attention over at most max_len keys
+  (`call_flops_bound`): linear in the context, where recomputing the prefix costs (prefix + c)
+  tokens' worth every call;
+- "views, not copies": in the judge's replay every k_all / v_all an update returns lives in one
+  storage per layer, as large as a (B, H, max_len, d) buffer.
 
 Which inputs expose which bug (measured on the course's testing notes and on this model):
 - the layer-0 cache-length regression (§8.2: positions read from cache.length inside the layer
@@ -30,6 +39,7 @@ from typing import Any
 
 import torch
 
+from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close
 from course import likesworld
@@ -62,6 +72,9 @@ HINT_UPDATE = ("update(layer, k_new, v_new) writes the new (B, H, T, d) keys/val
 HINT_VIEWS = ("update must return views (slices) of the preallocated (…, max_len, d) buffers, not fresh "
               "tensors: allocate once in __init__, never torch.cat")
 HINT_ERRORS = "raise ValueError with a one-line message that says what is wrong and what to do"
+HINT_RECOMPUTE = ("forward_with_cache must not recompute the cached tokens: project only the T new tokens, append "
+                  "their k, v to the cache and attend to the cache (§8.2); each call's work must grow with T and "
+                  "the context length, not with re-running the whole prefix")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -83,6 +96,47 @@ def one_thread() -> Iterator[None]:
 @lru_cache(maxsize=None)
 def model(dtype: str = "float32") -> TinyTransformer:
     return load_checkpoint().to(DTYPES[dtype]).requires_grad_(False)
+
+
+@lru_cache(maxsize=None)
+def twin_model(dtype: str = "float32") -> TinyTransformer:
+    """The judge's own model for the twin replay: every weight of the float32 checkpoint moved by up to
+    5 % (replay.perturbed), then cast to `dtype` (so the float64 twin is the float32 twin exactly)."""
+    m = load_checkpoint().requires_grad_(False)
+    with torch.no_grad():
+        for i, (_, p) in enumerate(sorted(m.named_parameters())):
+            p.copy_(replay.perturbed(p.detach(), 500 + i))
+    return m.to(DTYPES[dtype])
+
+
+def named_weights(m: TinyTransformer) -> dict[str, torch.Tensor]:
+    """The names the worker gives the model's parameters in a record (scenarios/part5._recorder)."""
+    return {f"param:{n}": p.detach() for n, p in m.named_parameters()}
+
+
+def call_flops_bound(c: int, max_len: int, batch: int = 1) -> int:
+    """Most matmul FLOPs of one forward_with_cache call on c new tokens with a cache of max_len:
+    per new token the projections (4·d²), the FFN (3·d·d_ff) and the head (d·V), 2 FLOPs each, in
+    every layer; plus scores and P·V (4·d per query-key pair and layer) over at most max_len keys."""
+    cfg = model().config
+    per_token = cfg.n_layers * 2 * (4 * cfg.d_model ** 2 + 3 * cfg.d_model * cfg.d_ff) + 2 * cfg.d_model * cfg.vocab_size
+    return batch * c * (per_token + cfg.n_layers * 4 * cfg.d_model * max_len)
+
+
+def check_call_flops(rp: replay.Replayed, sizes: list[int], max_len: int, batch: int, inputs: dict) -> None:
+    """Each recorded forward_with_cache call (between "call" marks) within call_flops_bound."""
+    marks = rp.marks.get("call", [])
+    check(len(marks) == len(sizes) + 1, what="the record marks every forward_with_cache call",
+          detail=f"{len(marks)} marks for {len(sizes)} calls", hint=HINT_CACHE, inputs=inputs)
+    start = 0
+    for j, c in enumerate(sizes):
+        got, most = rp.flops_between(marks[j], marks[j + 1]), call_flops_bound(c, max_len, batch)
+        check(got <= most, what=f"call {j} (tokens {start}..{start + c - 1}) computes only its {c} new token(s) "
+                                "against the cache (no recompute)",
+              detail=f"{got:,} matmul FLOPs; {c} new token(s) with a cache of {max_len} need at most {most:,}; "
+                     f"recomputing all {start + c} tokens would cost about {call_flops_bound(start + c, max_len, batch):,}",
+              hint=HINT_RECOMPUTE, inputs=inputs)
+        start += c
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, top_left: bool) -> torch.Tensor:
@@ -180,8 +234,21 @@ def check_cached_logits(student, case: CacheCase) -> None:
     """Cached logits at EVERY chunk equal the uncached model's (float64 reference, plain float32)."""
     tokens, sizes = case.plan()
     total = sum(sizes)
-    res = student.scenario("part5.cached_logits", tokens=tokens, chunks=sizes, dtype=case.dtype,
-                           max_len=total + case.extra_len)
+    max_len = total + case.extra_len
+    record = student.scenario("part5.cached_logits", tokens=tokens, chunks=sizes, dtype=case.dtype, max_len=max_len)
+
+    def reference(tokens, m=twin_model):
+        with one_thread():
+            full = m("float64")(tokens)
+        cuts = [0, *[sum(sizes[: j + 1]) for j in range(len(sizes))]]
+        return {"logits": [full[:, a:b] for a, b in zip(cuts, cuts[1:])]}
+
+    with one_thread():
+        rp, _, _ = replay.replay_record(student, record, "forward_with_cache", (tokens,), {},
+                                        named=named_weights(model(case.dtype)), reference=reference,
+                                        main_reference=lambda tokens: reference(tokens, model),
+                                        twin_inputs=((tokens,), {}), twin_named=named_weights(twin_model(case.dtype)))
+    res = rp.result
     check(isinstance(res, dict) and isinstance(res.get("logits"), list) and len(res["logits"]) == len(sizes),
           what="forward_with_cache returns logits (B, T, V) for each call",
           detail=f"expected {len(sizes)} results", hint=HINT_CACHE)
@@ -225,6 +292,7 @@ def check_cached_logits(student, case: CacheCase) -> None:
     want_lengths = [sum(sizes[: j + 1]) for j in range(len(sizes))]
     check(lengths == want_lengths, what="cache.length after each forward_with_cache call",
           detail=f"expected {want_lengths}, got {lengths}", hint=HINT_LENGTH)
+    check_call_flops(rp, sizes, max_len, tokens.shape[0], {"tokens": tokens, "chunks": sizes, "dtype": case.dtype})
 
 
 @lru_cache(maxsize=None)
@@ -244,11 +312,13 @@ def check_generate(student, seed: int, n: int = 60, max_new_tokens: int = 8, use
     (the model in `dtype`: a float64 model needs a float64 cache)."""
     prompts = likesworld.make_prompts(n, seed)
     extra = {} if dtype == "float32" else {"dtype": dtype}
-    got = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, use_cache=use_cache,
+    out = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, use_cache=use_cache,
                            **extra)
     want = expected_generations(seed, n, max_new_tokens, dtype)
     what = (f"generate(use_cache={use_cache}) on {n} LikesWorld prompts, {max_new_tokens} new tokens each"
             + (f", {dtype} model" if dtype != "float32" else ""))
+    got = check_first_generation(student, out, [prompts[0]], [list(want[0])], max_new_tokens, use_cache, what,
+                                 dtype=dtype)
     check(isinstance(got, list) and len(got) == n, what=what,
           detail=f"expected a (B, T0 + {max_new_tokens}) long tensor per prompt", hint=HINT_GENERATE)
     bad = [i for i, (g, w) in enumerate(zip(got, want)) if list(g) != list(w)]
@@ -258,6 +328,37 @@ def check_generate(student, seed: int, n: int = 60, max_new_tokens: int = 8, use
                   f"{likesworld.decode(want[i][len(prompts[i]):])!r}, got {_words(got[i][len(prompts[i]):])!r}")
         check(False, what=what, detail=detail,
               hint=HINT_GENERATE + ("; the cached logits tests say where the cache goes wrong" if use_cache else ""))
+
+
+def generate_flops_bound(prompt_len: int, batch: int, max_new_tokens: int) -> int:
+    """Most matmul FLOPs of a cached generate: one prefill of the prompt, then one call per new token
+    but the last (each within call_flops_bound, cache max_len = prompt + new tokens)."""
+    max_len = prompt_len + max_new_tokens
+    return call_flops_bound(prompt_len, max_len, batch) + (max_new_tokens - 1) * call_flops_bound(1, max_len, batch)
+
+
+def check_first_generation(student, out: Any, prompts: list[list[int]], want: list[list[int]], max_new_tokens: int,
+                           use_cache: bool, what: str, dtype: str = "float32") -> Any:
+    """The scenario's record of the first generate() call, replayed by the judge: its tokens are the
+    expected ones and, with the cache, its matmul FLOPs stay within generate_flops_bound (no recompute).
+    Returns the token lists of every prompt (values the judge compares with its own generations)."""
+    check(type(out) is dict and "tokens" in out, what=what, detail="the scenario returned an unexpected value",
+          hint=HINT_GENERATE)
+    if out.get("record") is None:
+        return out["tokens"]
+    x = torch.tensor(prompts, dtype=torch.long)
+    with one_thread():
+        rp, _, _ = replay.replay_record(student, out["record"], "generate", (x,), {}, seed=None,
+                                        named=named_weights(model(dtype)))
+    replayed = rp.result.tolist() if type(rp.result) is torch.Tensor else rp.result
+    check(replayed == want, what=what + " (the judge's replay of the first call)",
+          detail=f"the replay gives {replayed!r:.300}", hint=HINT_GENERATE)
+    if use_cache:
+        most = generate_flops_bound(len(prompts[0]), len(prompts), max_new_tokens)
+        check(rp.matmul_flops <= most, what=what + ": the cache is used (no recompute of earlier tokens)",
+              detail=f"{rp.matmul_flops:,} matmul FLOPs for the first prompt; a cached generate needs at most "
+                     f"{most:,}", hint=HINT_RECOMPUTE)
+    return out["tokens"]
 
 
 def _words(ids: Any) -> str:
@@ -271,9 +372,11 @@ def check_generate_batched(student, seed: int, batch: int, max_new_tokens: int =
     """generate() on a (B, T0) batch of same-length prompts equals the uncached model row by row."""
     tokens = example_tokens(seed, batch, min_len=12)[:, :12]
     prompts = tokens.tolist()
-    got = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, batched=True)
+    out = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, batched=True)
     with one_thread():
         want = greedy_generate(model("float32"), tokens, max_new_tokens).tolist()
+    got = check_first_generation(student, out, prompts, want, max_new_tokens, True,
+                                 f"generate on a batch of {batch} prompts")
     check(got == want, what=f"generate on a batch of {batch} prompts of 12 tokens, {max_new_tokens} new tokens",
           detail=f"expected {want}, got {got}" if isinstance(got, list) and len(str(got)) < 400 else "",
           hint=HINT_GENERATE)
@@ -315,7 +418,13 @@ def check_cache_unit(student, case: UnitCase) -> None:
     """update() returns the concatenation so far (exactly: it is a copy of data), length follows
     layer 0, and the returned tensors live in one preallocated buffer per layer."""
     updates = case.updates()
-    res = student.scenario("part5.cache_updates", **case.dims(), updates=updates, dtype=case.dtype)
+    record = student.scenario("part5.cache_updates", **case.dims(), updates=updates, dtype=case.dtype)
+    flat = tuple(t for _, k, v in updates for t in (k, v))
+    rp, _, _ = replay.replay_record(student, record, "KVCache.update", flat, {}, seed=None)
+    res = rp.result
+    check(type(res) is dict and type(res.get("results")) is list and len(res["results"]) == len(updates)
+          and all(type(r) in (list, tuple) and len(r) == 2 for r in res["results"]),
+          what="update(layer, k_new, v_new) returns (k_all, v_all) for every update", hint=HINT_UPDATE)
     seen: dict[int, tuple[list, list]] = {}
     layer0 = 0
     inputs = {**case.dims(), "steps": case.steps}
@@ -331,9 +440,19 @@ def check_cache_unit(student, case: UnitCase) -> None:
                         atol=0.0, rtol=0.0, dtype=DTYPES[case.dtype], hint=HINT_UPDATE)   # a copy: exact
         check(res["lengths"][n] == layer0, what=f"cache.length after update #{n} (layer {layer})",
               detail=f"expected {layer0} (tokens in layer 0), got {res['lengths'][n]}", hint=HINT_LENGTH)
+    # Views, not copies, measured in the judge's replay: each layer's results share ONE storage (the
+    # one its first result lives in), of at least a (B, H, max_len, d) buffer's size.
     itemsize = torch.empty((), dtype=DTYPES[case.dtype]).element_size()
     need = case.batch * case.n_heads * case.max_len * case.head_dim * itemsize
-    for n, (same, size) in enumerate(zip(res["same_storage"], res["storage_bytes"])):
+    first: dict[tuple[int, str], int] = {}
+    inputs_storage = {t.untyped_storage().data_ptr() for t in rp.inputs}  # the judge's k_new, v_new
+    for n, ((layer, _, _), pair) in enumerate(zip(updates, res["results"])):
+        same, size = [], []
+        for name, t in zip(("k", "v"), pair):
+            storage = t.untyped_storage()
+            own = storage.data_ptr() not in inputs_storage  # the cache's own buffer, not the caller's k_new
+            same.append(own and first.setdefault((layer, name), storage.data_ptr()) == storage.data_ptr())
+            size.append(storage.nbytes())
         check(all(same) and all(s >= need for s in size),
               what=f"update #{n} returns views of a preallocated buffer",
               detail=f"same storage as the layer's first result: {same}; storage bytes {size}, a "

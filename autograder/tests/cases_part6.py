@@ -4,8 +4,15 @@
     (2×); combine_partials against the exact float64 ⊕ of the very partials it was given.
 (b) conventions: no mask (a decode query sees every key); an empty segment is (o = 0, lse = -inf) and
     no NaN appears, even with more splits than keys or every segment empty; split_kv returns views.
-(c) counters: no fused attention op; matmul FLOPs exactly 4·Nq·Nk·d per (batch, head): every key's
-    score is computed once, in exactly one segment.
+(c) what the JUDGE measures in its own replay of each call (autograder/engine/replay.py): no fused
+    attention op (refused by the allow-list under any name); no float64 copy of float32 data;
+    matmul FLOPs between 4·Nq·Nk·d per (batch, head) (every key's score once, in exactly one segment)
+    and that plus 2·S·dv per query row (a combine written as a matmul/einsum over the S segments);
+    with several segments no new tensor spans all Nk keys (each segment is attended on its own);
+    split_kv's segments share the storage of the judge's own k and v.
+
+Every test grades the replay's output, so values and structure judge the same computation; a second
+replay on judge-drawn inputs must compute the reference of those inputs (replay.check_twin).
 
 Inputs are peaked (q × 40, so scores × 40): with unit-scale inputs attention is nearly uniform and a
 combine that averages the segment outputs is off by only ~1.5e-2, which a loose test can miss.
@@ -18,6 +25,7 @@ from typing import Any
 
 import torch
 
+from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close, unpack
 from course.reference import attention_plain, attention_reference
@@ -80,11 +88,14 @@ def segment_bounds(lengths: list[int]) -> list[tuple[int, int]]:
 
 def check_split(student, case: DecodeCase) -> None:
     """split_kv(k, v, num_splits): num_splits pairs, in key order, covering every key once, views of k and v."""
-    _, k, v = case.qkv()
-    out = student.scenario("part6.split", k=k, v=v, num_splits=case.num_splits)
-    segs = out["segments"]
+    _, k0, v0 = case.qkv()
+    rp, (k, v, _), _ = replay.call(student, "flash_decoding.split_kv", (k0, v0, case.num_splits), seed=None)
+    segs = rp.result
+    segs = [tuple(s) if type(s) in (list, tuple) else s for s in segs] if type(segs) in (list, tuple) else segs
+    segs = list(segs) if type(segs) is tuple else segs
     inputs = {"k": k, "v": v, "num_splits": case.num_splits}
-    check(type(segs) is list and len(segs) == case.num_splits and bool(out["k_views"]),
+    ok = type(segs) is list and all(type(s) is tuple and len(s) == 2 for s in segs)
+    check(ok and len(segs) == case.num_splits,
           what=f"split_kv returns a list of num_splits = {case.num_splits} (k_seg, v_seg) pairs",
           detail=f"got {type(segs).__name__}" + (f" of length {len(segs)}" if isinstance(segs, list) else ""),
           hint=HINT_SPLITS, inputs=inputs)
@@ -103,18 +114,24 @@ def check_split(student, case: DecodeCase) -> None:
     lengths = [t.shape[-2] for t in ks]
     check([t.shape[-2] for t in vs] == lengths, what="k and v are split at the same places",
           detail=f"k lengths {lengths}, v lengths {[t.shape[-2] for t in vs]}", hint=HINT_SPLITS, inputs=inputs)
-    copies = [i for i, n in enumerate(lengths) if n > 0 and not (out["k_views"][i] and out["v_views"][i])]
+    kp, vp = (rp.inputs[i].untyped_storage().data_ptr() for i in (0, 1))  # the replay's own k and v
+    copies = [i for i, n in enumerate(lengths) if n > 0 and not (ks[i].untyped_storage().data_ptr() == kp
+                                                                 and vs[i].untyped_storage().data_ptr() == vp)]
     check(not copies, what="split_kv returns views sharing storage with k and v (no copies)",
           detail=f"segments {copies} do not share k's / v's storage", hint=HINT_VIEWS, inputs=inputs)
 
 
 def check_partial(student, case: DecodeCase) -> None:
     """attention_partial(q, k_seg, v_seg, scale) on the middle third of the keys, and on an empty segment."""
-    q, k, v = case.qkv()
+    q0, k0, v0 = case.qkv()
     a, b = case.nk // 3, 2 * case.nk // 3
-    k_seg, v_seg = k[..., a:b, :].contiguous(), v[..., a:b, :].contiguous()
-    o, lse = unpack(student.call("flash_decoding.attention_partial", q, k_seg, v_seg, case.scale), 2,
-                    what="attention_partial returns (o, lse)")
+    rp, (q, k_seg, v_seg, _), _ = replay.call(
+        student, "flash_decoding.attention_partial",
+        (q0, k0[..., a:b, :].contiguous(), v0[..., a:b, :].contiguous(), case.scale), seed=case.seed + 1,
+        reference=lambda q, k, v, scale: attention_reference(q, k, v, False, scale))
+    k, v = k0, v0
+    check_no_upcast(rp, q, "attention_partial", case.shown(q, k_seg, v_seg))
+    o, lse = unpack(rp.result, 2, what="attention_partial returns (o, lse)")
     ref_o, ref_lse = attention_reference(q, k_seg, v_seg, False, case.scale)
     plain_o, plain_lse = attention_plain(q, k_seg, v_seg, False, case.scale)
     inputs = case.shown(q, k_seg, v_seg)
@@ -127,8 +144,9 @@ def check_partial(student, case: DecodeCase) -> None:
                       inputs=inputs, plain=plain_lse, factor=tol.FORWARD_FACTOR,
                       diagnose=lambda t: probe(t, HINT_PARTIAL_LSE))
     empty_k, empty_v = k[..., :0, :].contiguous(), v[..., :0, :].contiguous()
-    o, lse = unpack(student.call("flash_decoding.attention_partial", q, empty_k, empty_v, case.scale), 2,
-                    what="attention_partial returns (o, lse)")
+    rp, (q, empty_k, empty_v, _), _ = replay.call(student, "flash_decoding.attention_partial",
+                                                  (q0, empty_k, empty_v, case.scale), seed=None)
+    o, lse = unpack(rp.result, 2, what="attention_partial returns (o, lse)")
     inputs = case.shown(q, empty_k, empty_v)
     for name, t, shape in (("o", o, (*case.lead, case.nq, case.d)), ("lse", lse, (*case.lead, case.nq))):
         check(type(t) is torch.Tensor and tuple(t.shape) == shape and t.dtype == q.dtype,
@@ -153,8 +171,15 @@ def check_combine(student, case: DecodeCase, lengths: list[int]) -> None:
     assert sum(lengths) == case.nk, "test bug: the segment lengths must cover the keys"
     q, k, v = case.qkv()
     partials = _partials(q, k, v, case, lengths)
-    o, lse = unpack(student.call("flash_decoding.combine_partials", partials), 2,
-                    what="combine_partials returns (o, lse)")
+    # the twin: the same program on the partials of judge-drawn q, k, v; its reference is dense attention
+    # over all their keys (no combine formula on the judge side either)
+    tq, tk, tv = (replay.perturbed(t, case.seed * 10 + i) for i, t in enumerate((q, k, v)))
+    rp, (partials,), _ = replay.call(
+        student, "flash_decoding.combine_partials", (partials,), reference=lambda *_: attention_reference(
+            tq, tk, tv, False, case.scale), main_reference=lambda *_: attention_reference(q, k, v, False, case.scale),
+        twin_inputs=((_partials(tq, tk, tv, case, lengths),), {}))
+    check_no_upcast(rp, q, "combine_partials", {"segment lengths": lengths})
+    o, lse = unpack(rp.result, 2, what="combine_partials returns (o, lse)")
     exp_o, exp_lse = attention_reference(q, k, v, False, case.scale)
     bound_o, bound_lse = tol.combine_bounds(partials)
     inputs = {"segment lengths": lengths, "each o_s": partials[0][0], "each lse_s": partials[0][1]}
@@ -180,8 +205,8 @@ def check_combine_all_empty(student, case: DecodeCase, n: int = 3) -> None:
     q, k, v = case.qkv()
     partials = [(torch.zeros(*case.lead, case.nq, case.d, dtype=q.dtype),
                  torch.full((*case.lead, case.nq), -math.inf, dtype=q.dtype)) for _ in range(n)]
-    o, lse = unpack(student.call("flash_decoding.combine_partials", partials), 2,
-                    what="combine_partials returns (o, lse)")
+    rp, _, _ = replay.call(student, "flash_decoding.combine_partials", (partials,), seed=None)
+    o, lse = unpack(rp.result, 2, what="combine_partials returns (o, lse)")
     inputs = {"segment lengths": [0] * n, "each o_s": partials[0][0], "each lse_s": partials[0][1]}
     check(type(o) is torch.Tensor and type(lse) is torch.Tensor, what="combine_partials returns tensors",
           inputs=inputs)
@@ -192,15 +217,69 @@ def check_combine_all_empty(student, case: DecodeCase, n: int = 3) -> None:
           what="every segment empty gives o = 0 and lse = -inf", hint=dg.HINT_EMPTY_SEGMENT, inputs=inputs)
 
 
-def check_decode(student, case: DecodeCase, *, hidden: bool = False) -> None:
-    """flash_decode(q, k, v, num_splits, scale) against float64 attention (no mask), o and lse."""
+HINT_DECODE_SPLIT = ("with several segments, attend to each segment on its own (attention_partial per segment, then "
+                     "combine_partials): a tensor spanning all Nk keys means the keys were not split (§8.4)")
+
+
+def split_lengths(nk: int, num_splits: int) -> list[int]:
+    """Segment lengths of torch.tensor_split (the handout's split), for the hints only."""
+    return [t.shape[0] for t in torch.tensor_split(torch.empty(nk), num_splits)] if num_splits > 0 else []
+
+
+def check_no_upcast(rp: replay.Replayed, q: torch.Tensor, fn: str, inputs: dict) -> None:
+    if q.dtype == torch.float32:
+        check(rp.upcasts == 0, what=f"{fn} computes in the dtype of its float32 inputs",
+              detail=f"{rp.upcasts} op(s) turned float32 data into float64",
+              hint="compute in q's dtype: no float64 copy (the course's dense reference computes in float64)",
+              inputs=inputs)
+
+
+def decode_flops_bounds(case: DecodeCase) -> tuple[int, int]:
+    """(fewest, most) matmul FLOPs of a correct flash_decode: 4·Nq·Nk·d per (batch, head) for the
+    scores and P·V of every key once, plus up to 2·S·dv per query row when the combine's weighted
+    sum Σ_s w_s·o_s is written as a matmul / einsum (S = num_splits)."""
+    rows = math.prod(case.lead) * case.nq
+    exact = 4 * rows * case.nk * case.d
+    return exact, exact + 2 * rows * case.num_splits * case.d
+
+
+def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tensor, inputs: dict) -> None:
+    """The replayed flash_decode: input dtype, FLOPs within decode_flops_bounds, split attention."""
+    check_no_upcast(rp, q, "flash_decode", inputs)
+    low, high = decode_flops_bounds(case)
+    got = rp.matmul_flops
+    hint = HINT_DECODE_FLOPS
+    if got < low and rp.broadcast_product_elems:
+        hint = f"a matmul is written as a broadcast multiply + sum ({rp.broadcast_product_elems:,} products); " \
+               "use @ / torch.matmul"
+    extra = f" (+ up to {high - low:,} for a combine written as a matmul)" if high > low else ""
+    check(low <= got <= high, what="matmul FLOPs of flash_decode = 4·Nq·Nk·d per (batch, head)",
+          detail=f"counted {got:,}, expected {low:,}{extra}", hint=hint, inputs=inputs)
+    longest = max(split_lengths(case.nk, case.num_splits) or [0])
+    if case.num_splits > 1 and longest < case.nk and case.nk not in (case.d, case.nq):
+        spanning = [s for s in rp.new_storage_shapes() if s and s[-1] == case.nk]
+        check(not spanning, what="flash_decode attends to each segment on its own (no tensor spans all Nk keys)",
+              detail=f"new tensors of shapes {spanning[:3]} span all {case.nk} keys; the longest segment has "
+                     f"{longest}", hint=HINT_DECODE_SPLIT, inputs=inputs)
+
+
+def replayed_decode(student, case: DecodeCase) -> tuple[replay.Replayed, torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = case.qkv()
-    out = student.scenario("part6.decode", q=q, k=k, v=v, num_splits=case.num_splits, scale=case.scale)
-    o, lse = unpack(out["result"], 2, what="flash_decode returns (o, lse)")
+    rp, (jq, jk, jv, _), _ = replay.call(
+        student, "flash_decoding.flash_decode", (q, k, v, case.num_splits), {"scale": case.scale}, seed=case.seed + 1,
+        reference=lambda q, k, v, n, scale: attention_reference(q, k, v, False, scale))
+    return rp, jq, jk, jv
+
+
+def check_decode(student, case: DecodeCase, *, hidden: bool = False) -> None:
+    """flash_decode(q, k, v, num_splits, scale) replayed: its structure, and o and lse against float64
+    attention (no mask) of the judge's inputs."""
+    rp, q, k, v = replayed_decode(student, case)
+    inputs = case.shown(q, k, v)
+    o, lse = unpack(rp.result, 2, what="flash_decode returns (o, lse)")
     ref_o, ref_lse = attention_reference(q, k, v, False, case.scale)
     plain_o, plain_lse = attention_plain(q, k, v, False, case.scale)
-    inputs = case.shown(q, k, v)
-    lengths = out["seg_lengths"]
+    lengths = split_lengths(case.nk, case.num_splits)
     close_or_diagnose(lse, ref_lse, what=f"lse of flash_decode with {case.num_splits} splits", inputs=inputs,
                       plain=plain_lse, factor=tol.FORWARD_FACTOR,
                       diagnose=lambda bound: dg.diagnose_decode(lse, "lse", q, k, v, seg_lengths=lengths,
@@ -209,21 +288,16 @@ def check_decode(student, case: DecodeCase, *, hidden: bool = False) -> None:
                       inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR,
                       diagnose=lambda bound: dg.diagnose_decode(o, "o", q, k, v, seg_lengths=lengths,
                                                                 scale=case.scale, tol=bound, student=student))
+    check_decode_structure(rp, case, q, inputs)  # the same replay's structure: values and structure together
 
 
 def check_decode_trace(student, case: DecodeCase) -> None:
-    """flash_decode traced: no fused attention op, matmul FLOPs exactly 4·Nq·Nk·d per (batch, head)."""
-    q, k, v = case.qkv()
-    out = student.scenario("part6.trace_decode", q=q, k=k, v=v, num_splits=case.num_splits, scale=case.scale)
-    trace, inputs = out["trace"], case.shown(q, k, v)
-    fused = trace["fused_attention_ops"]
-    check(not fused, what="no fused attention op inside flash_decode", detail=f"the call dispatched {', '.join(fused)}",
-          hint=HINT_DECODE_FUSED, inputs=inputs)
-    expected = 4 * math.prod(case.lead) * case.nq * case.nk * case.d
-    got = trace["matmul_flops"]
-    hint = HINT_DECODE_FLOPS
-    if got < expected and trace["broadcast_product_elems"]:
-        hint = f"a matmul is written as a broadcast multiply + sum ({trace['broadcast_product_elems']:,} products); " \
-               "use @ / torch.matmul"
-    check(got == expected, what="matmul FLOPs of flash_decode = 4·Nq·Nk·d per (batch, head)",
-          detail=f"counted {got:,}, expected {expected:,}", hint=hint, inputs=inputs)
+    """flash_decode replayed: no fused attention op, matmul FLOPs within decode_flops_bounds, a correct o."""
+    rp, q, k, v = replayed_decode(student, case)
+    inputs = case.shown(q, k, v)
+    check_decode_structure(rp, case, q, inputs)
+    o, _ = unpack(rp.result, 2, what="flash_decode returns (o, lse)")
+    ref_o, _ = attention_reference(q, k, v, False, case.scale)
+    plain_o, _ = attention_plain(q, k, v, False, case.scale)
+    check_close(o, ref_o, what="o of the replayed flash_decode (the counts are of a correct result)", inputs=inputs,
+                plain=plain_o, factor=2.0, hint=dg.HINT_DECODE)

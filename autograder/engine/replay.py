@@ -1,0 +1,975 @@
+"""Judge side of trace-and-replay: check a recorded program, bound it on meta tensors, replay it here.
+
+The worker records what the student's code did as a program of aten ops (autograder/scenarios/
+tracing.py). Nothing it measured is trusted. This module, in the judge:
+
+1. validates the record's shape (plain data only; refs point to earlier tensors);
+2. checks every op against an allow-list (no fused attention op under any name, no random, no
+   I/O, no storage tricks) and the record against budgets: ops, constants (count and elements),
+   distinct data-carrying scalars;
+3. runs the whole program on META tensors first: shapes, bytes and FLOPs are known before any
+   real work, and a program above the bounds is refused, so a hostile record cannot exhaust the judge;
+4. replays it on the judge's own input tensors and measures, in that replay: matmul FLOPs
+   (torch.utils.flop_counter's formulas), the largest new storage, broadcast products (matmuls
+   hidden as multiply + sum), the op counts; and returns the OUTPUT of the replay.
+
+Graded values always come from step 4, so the value check and the structure check of a test judge
+the same computation. The judge also replays the program a second time on inputs of its own
+(same shapes and special values, finite values moved by up to 5 %: `perturbed`) and checks that this
+"twin" computes the reference of THOSE inputs (loosely, check_twin): a program whose answer was
+computed outside the recorded ops and came in through constants or scalars matches only the inputs
+it was computed for.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+aten = torch.ops.aten
+
+# ---------------------------------------------------------------------------------------------------
+# what a graded program may contain
+
+FUSED_ATTENTION = re.compile(r"attention|_safe_softmax|_fused_sdp|_transformer_encoder|_native_multi_head|sdp",
+                             re.IGNORECASE)
+
+# Elementwise, reductions, matmuls, views, creation and copies: what the solutions use plus what legal
+# variants decompose into (einsum -> bmm/mm/permute, matmul -> mm/bmm/_unsafe_view, torch.where,
+# masked_fill, casts, tensor_split, stack/cat...). No random, no I/O, no set_/resize_, no fused attention.
+ALLOWED = frozenset("""
+abs add addmm addbmm addcdiv addcmul addmv alias all amax amin any arange argmax argmin as_strided baddbmm
+bitwise_and bitwise_not bitwise_or bitwise_xor bmm cat ceil clamp clamp_max clamp_min clone copy cos cumsum
+detach div dot einsum empty empty_like empty_strided eq exp exp2 expand expand_copy expm1 fill fill_ floor
+full full_like ge gt index index_put index_select isfinite isinf isnan isneginf isposinf le lift_fresh
+lift_fresh_copy linspace log log1p log2 logical_and logical_not logical_or logical_xor lt masked_fill
+masked_fill_ max maximum mean min minimum mm mul mv nan_to_num narrow ne neg new_empty new_empty_strided
+new_full new_ones new_zeros ones ones_like permute pow prod reciprocal relu repeat reshape rsqrt
+scalar_tensor select select_copy sigmoid sign silu sin slice slice_copy sqrt square squeeze stack sub sum
+t transpose tril triu trunc unbind unsqueeze unsafe_split unsafe_split_with_sizes split split_with_sizes
+tensor_split unfold view view_as _unsafe_view _to_copy _reshape_alias to where zero zeros zeros_like
+_local_scalar_dense is_nonzero equal item embedding _softmax _log_softmax logsumexp std var rsub
+sum_to_size vdot zero_ index_add index_copy scatter gather sort topk chunk flatten movedim
+""".split())
+# Per part: ops a part may not use even though they are harmless elsewhere (a dense softmax in the
+# tiled parts would be the very thing the part is about).
+REFUSED_IN = {
+    1: frozenset({"_softmax", "_log_softmax", "logsumexp"}),
+    2: frozenset({"_softmax", "_log_softmax", "logsumexp"}),
+    4: frozenset({"_softmax", "_log_softmax", "logsumexp"}),
+}
+EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+INPLACE_VIEW_OPS = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "as_strided_", "resize_", "swapdims_",
+                              "swapaxes_", "set_"})
+SCALAR_OUT_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "item"})
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bounds a record must meet before the judge replays it (all checked on the record or on meta)."""
+
+    max_ops: int = 60_000
+    max_constants: int = 16
+    max_constant_elements: int = 64  # a few scalars such as torch.tensor(-inf); never an answer
+    max_scalars: int = 64  # distinct data-carrying scalar values (Scalar-typed args)
+    max_tensor_bytes: int = 512 << 20  # one tensor
+    max_total_bytes: int = 4 << 30  # all new tensors together (meta)
+    max_flops: int = 20 * 10**9
+
+
+DEFAULT_BUDGET = Budget()
+
+
+class ReplayRefused(Exception):
+    """The record breaks a rule (an op not allowed, a budget, a malformed record): one clear line."""
+
+    def __init__(self, message: str, kind: str = "refused") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# ---------------------------------------------------------------------------------------------------
+# FLOP formulas: FlopCounterMode's own registry, plus mv/dot/addmv/addbmm that it does not count
+
+
+def _mv_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1]
+
+
+def _addmv_flop(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1]
+
+
+def _dot_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0]
+
+
+def _addbmm_flop(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    b, m, k = a_shape
+    return 2 * b * m * k * b_shape[-1]
+
+
+EXTRA_FLOPS = {aten.mv: _mv_flop, aten.addmv: _addmv_flop, aten.dot: _dot_flop, aten.vdot: _dot_flop,
+               aten.addbmm: _addbmm_flop}
+FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in EXTRA_FLOPS.items()}}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the replay's measurements
+
+
+@dataclass
+class Replayed:
+    """What the judge measured in its own replay, and the replay's result."""
+
+    result: Any
+    ops: int
+    op_counts: dict[str, int]
+    matmul_flops: int
+    flops_by_op: dict[str, int]
+    flops_at: list[int]  # cumulative matmul FLOPs before each op (for marks)
+    max_new_storage_bytes: int
+    max_new_storage: dict[str, Any]
+    broadcast_product_elems: int
+    broadcast_product_ops: int
+    constants: int
+    constant_elements: int
+    upcasts: int  # ops that turned float32 data into float64 (a float64 copy: e.g. a float64 reference)
+    marks: dict[str, list[int]] = field(default_factory=dict)
+    inputs: list[torch.Tensor] = field(default_factory=list, repr=False)  # the replay's own input tensors
+    twin: "Replayed | None" = field(default=None, repr=False)  # the same program on judge-drawn inputs
+    twin_args: tuple = field(default=((), {}), repr=False)  # those inputs (args, kwargs)
+    env: dict[int, Any] = field(default_factory=dict, repr=False)
+    producer: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> op index that made it
+    readers: dict[int, list[int]] = field(default_factory=dict, repr=False)  # ref -> op indices reading it
+    new_storage_of: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> bytes of its new storage
+    prepared: list = field(default_factory=list, repr=False)  # the checked ops (for the twin)
+
+    def flops_between(self, start: int, end: int | None = None) -> int:
+        """Matmul FLOPs of ops [start, end)."""
+        end = len(self.flops_at) - 1 if end is None else end
+        return self.flops_at[end] - self.flops_at[start]
+
+    def new_storage_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the tensors that first showed each new storage (inputs' storages excluded)."""
+        return [tuple(self.env[ref].shape) for ref in self.new_storage_of if isinstance(self.env.get(ref), torch.Tensor)]
+
+    def kept_for_backward(self, mark: str = "backward") -> list[torch.Tensor]:
+        """Tensors made before the first op at `mark` (not the inputs) that an op after it reads:
+        what a forward kept for its backward (saved tensors, ctx attributes, closures alike)."""
+        at = self.marks.get(mark, [None])[0]
+        if at is None:
+            return []
+        n_in = len(self.inputs)
+        return [self.env[ref] for ref, readers in self.readers.items()
+                if ref >= n_in and self.producer.get(ref, at) < at and any(i >= at for i in readers)
+                and isinstance(self.env.get(ref), torch.Tensor)]
+
+    def as_trace(self) -> dict[str, Any]:
+        """The measurements in the dict shape the checks of parts 2, 4 and 6 read."""
+        return {"op_counts": dict(self.op_counts), "fused_attention_ops": [], "matmul_flops": self.matmul_flops,
+                "flops_by_op": dict(self.flops_by_op), "max_new_storage_bytes": self.max_new_storage_bytes,
+                "max_new_storage": dict(self.max_new_storage),
+                "broadcast_product_elems": self.broadcast_product_elems,
+                "broadcast_product_ops": self.broadcast_product_ops}
+
+
+# ---------------------------------------------------------------------------------------------------
+# decoding the record
+
+
+_RESOLVED: dict[tuple[str, int | None], Any] = {}
+
+
+def _resolve(name: str, part: int | None) -> Any:
+    key = (name, part)
+    if type(name) is str and key in _RESOLVED:
+        return _RESOLVED[key]
+    func = _resolve_uncached(name, part)
+    _RESOLVED[key] = func
+    return func
+
+
+def _resolve_uncached(name: str, part: int | None) -> Any:
+    if type(name) is not str or not re.fullmatch(r"aten::[A-Za-z0-9_]+\.[A-Za-z0-9_]+", name):
+        raise ReplayRefused(f"the record names an op {str(name)[:60]!r} that is not an aten op", "malformed")
+    base, overload = name[len("aten::"):].split(".")
+    if FUSED_ATTENTION.search(base):
+        raise ReplayRefused(f"the call used the fused attention op aten::{base}: compute the tiles yourself with "
+                            "torch matmuls", "fused")
+    if base in INPLACE_VIEW_OPS:
+        raise ReplayRefused(f"the call used aten::{base} (an in-place view op): use the out-of-place {base[:-1]}",
+                            "op")
+    plain = base[:-1] if base.endswith("_") and not base.endswith("__") else base  # in-place variants too
+    if plain not in ALLOWED or plain in REFUSED_IN.get(part or 0, ()):
+        why = " (this part asks you to write it yourself)" if plain in REFUSED_IN.get(part or 0, ()) else ""
+        raise ReplayRefused(f"the call used aten::{base}, which graded code may not use{why}", "op")
+    try:
+        return getattr(getattr(aten, base), overload)
+    except AttributeError:
+        raise ReplayRefused(f"the record names an unknown op {name!r}", "malformed") from None
+
+
+def _is_ref(x: Any) -> bool:
+    return type(x) is list and len(x) in (2, 5) and x[0] == "$t"
+
+
+# Ops whose outputs are views (no new memory): the meta pass takes their shapes from the record's
+# claim (bounded like any tensor), and the real pass checks the claim before anything reads them.
+VIEW_OPS = frozenset("""alias as_strided detach diagonal expand narrow permute select slice squeeze t transpose
+unbind unfold unsqueeze view view_as _reshape_alias split split_with_sizes tensor_split chunk unsafe_split
+unsafe_split_with_sizes""".split())
+
+
+def _claims(out: Any) -> list[tuple[list[int], list[int], str] | None]:
+    """The recorded (shape, strides, dtype) of each tensor leaf of an op's output (None if absent)."""
+    if _is_ref(out):
+        if len(out) == 5 and type(out[2]) is list and type(out[3]) is list and out[4] in _DTYPES \
+                and len(out[2]) == len(out[3]) <= 16 and all(type(i) is int for i in out[2] + out[3]):
+            return [(out[2], out[3], out[4])]
+        return [None]
+    if type(out) in (list, tuple):
+        return [c for i in out for c in _claims(i)]
+    return []
+
+
+_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+def _dec(x: Any, env: dict[int, Any]) -> Any:
+    if type(x) is list:
+        if (len(x) == 2 or (len(x) == 5 and x[0] == "$t")) and type(x[0]) is str and x[0].startswith("$"):
+            tag, body = x[0], x[1]
+            if tag == "$t":
+                if type(body) is not int or body not in env:
+                    raise ReplayRefused("the record uses a tensor before any op produced it", "malformed")
+                return env[body]
+            if tag == "$dev":
+                if body != "cpu":
+                    raise ReplayRefused(f"the record uses the device {str(body)[:20]!r}; graded code runs on the CPU",
+                                        "malformed")
+                return torch.device("cpu")
+            if tag == "$lay" and body == "strided":
+                return torch.strided
+            if tag == "$mf" and body in ("contiguous_format", "preserve_format", "channels_last"):
+                return getattr(torch, body)
+            if tag == "$dt" and body in _DTYPES:
+                return getattr(torch, body)
+            raise ReplayRefused(f"the record holds a value the judge cannot rebuild ({str(tag)[:20]})", "malformed")
+        return [_dec(i, env) for i in x]
+    if type(x) is tuple:
+        return tuple(_dec(i, env) for i in x)
+    if type(x) is dict:
+        return {k: _dec(v, env) for k, v in x.items()}
+    if x is None or type(x) in (bool, int, float, str) or isinstance(x, torch.dtype):
+        return x
+    raise ReplayRefused(f"the record holds a value of type {type(x).__name__}", "malformed")
+
+
+def _out_refs(x: Any) -> list[Any]:
+    """Flatten a recorded output into its leaves: ref ints for tensors, plain values otherwise."""
+    if _is_ref(x):
+        if type(x[1]) is not int or x[1] < 0:
+            raise ReplayRefused("the record numbers a tensor wrongly", "malformed")
+        return [x[1]]
+    if type(x) in (list, tuple):
+        return [leaf for i in x for leaf in _out_refs(i)]
+    return [("scalar", x)]
+
+
+_SCALAR_POSITIONS: dict[Any, list[tuple[int, str]]] = {}
+
+
+def _scalar_args(func: Any, args: list, kwargs: dict) -> list[Any]:
+    """Values of the op's Scalar-typed arguments (the ones that can carry data into a tensor)."""
+    positions = _SCALAR_POSITIONS.get(func)
+    if positions is None:
+        positions = _SCALAR_POSITIONS[func] = [(i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                                               if "number" in str(arg.type) or "Scalar" in str(arg.type)]
+    out = []
+    for i, name in positions:
+        value = args[i] if i < len(args) else kwargs.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(value)
+    return out
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
+    try:
+        s = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return s.data_ptr(), s.nbytes()
+
+
+def _effective_numel(t: torch.Tensor) -> int:
+    key = _storage_key(t)
+    if key is None or t.element_size() == 0:
+        return t.numel()
+    return min(t.numel(), key[1] // t.element_size())
+
+
+# ---------------------------------------------------------------------------------------------------
+# the replay
+
+
+def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -> list[tuple[Any, list, dict, Any]]:
+    """Validate the record and resolve its ops; raises ReplayRefused."""
+    if type(record) is not dict or not {"inputs", "ops", "constants", "result"} <= set(record):
+        raise ReplayRefused("the call returned no record of its ops", "malformed")
+    if record["inputs"] != n_inputs:
+        raise ReplayRefused("the record does not number the inputs the judge sent", "malformed")
+    ops = record["ops"]
+    if type(ops) is str:  # the op list travels as one JSON text (scenarios/tracing.Recorder.record)
+        if len(ops) > 64 * budget.max_ops + 1000:
+            raise ReplayRefused(f"the record is too long ({len(ops):,} characters)", "budget")
+        try:
+            ops = json.loads(ops)
+        except (ValueError, RecursionError):
+            raise ReplayRefused("the record's op list is not valid JSON", "malformed") from None
+    if type(ops) is not list:
+        raise ReplayRefused("the record's op list is malformed", "malformed")
+    if len(ops) > budget.max_ops:
+        raise ReplayRefused(f"the call ran {len(ops):,} torch ops; the bound is {budget.max_ops:,}", "budget")
+    consts = record["constants"]
+    if type(consts) is not list or len(consts) > budget.max_constants:
+        raise ReplayRefused(f"{len(consts) if type(consts) is list else '?'} tensors entered the call from outside "
+                            f"its inputs and its own ops (at most {budget.max_constants} small constants)", "constants")
+    elems = 0
+    for c in consts:
+        if type(c) is not list or len(c) != 2 or type(c[0]) is not int or type(c[1]) is not torch.Tensor:
+            raise ReplayRefused("a constant of the record is not a plain tensor", "constants")
+        elems += c[1].numel()
+    if elems > budget.max_constant_elements:
+        raise ReplayRefused(f"tensors that did not come from the inputs hold {elems:,} elements (at most "
+                            f"{budget.max_constant_elements}): compute from the inputs with torch ops, do not bring "
+                            "values in from outside the call", "constants")
+    resolved = []
+    scalars: set[float] = set()
+    for entry in ops:
+        if type(entry) is not list or len(entry) != 4 or type(entry[2]) is not dict:
+            raise ReplayRefused("an op of the record is malformed", "malformed")
+        name, args, kwargs, out = entry
+        if type(name) is str and name.startswith("judge::"):
+            resolved.append((name, args, kwargs, out))
+            continue
+        func = _resolve(name, part)
+        resolved.append((func, args, kwargs, out))
+        if type(args) is list:
+            scalars.update(float(s) for s in _scalar_args(func, args, kwargs) if isinstance(s, (int, float)))
+    if len(scalars) > budget.max_scalars:
+        raise ReplayRefused(f"the call passes {len(scalars)} different numbers into tensors (at most "
+                            f"{budget.max_scalars}): compute values from the inputs with torch ops", "scalars")
+    return resolved
+
+
+def replay(record: Any, inputs: list[torch.Tensor], *, part: int | None = None, budget: Budget = DEFAULT_BUDGET,
+           named: dict[str, torch.Tensor] | None = None,
+           trusted: dict[str, Callable[..., Any]] | None = None) -> Replayed:
+    """Check, bound (on meta) and replay `record` on the judge's `inputs`; see the module docstring.
+
+    named: tensors the judge owns (record's "named" refs); trusted: "judge::name" -> the judge's function."""
+    ops = check_record(record, len(inputs), part, budget)
+    named, trusted = named or {}, trusted or {}
+    base: dict[int, Any] = {i: t for i, t in enumerate(inputs)}
+    for entry in record.get("named") or []:
+        if type(entry) is not list or len(entry) != 2 or entry[1] not in named or type(entry[0]) is not int:
+            raise ReplayRefused("the record names a tensor the judge does not know", "malformed")
+        base[entry[0]] = named[entry[1]]
+    consts = {ref: t for ref, t in record["constants"]}
+    base.update(consts)
+    return _real_pass(prepare(ops), base, record, set(consts), trusted, budget=budget)
+
+
+# Cheap bounds of an op's output, from the real shapes of its (already bounded) inputs, checked BEFORE
+# the op runs in the replay. Ops not classified here are run on meta tensors first (cached).
+ELEMENTWISE = frozenset("""abs add addcdiv addcmul bitwise_and bitwise_not bitwise_or bitwise_xor ceil clamp clamp_max
+clamp_min clone copy cos div eq exp exp2 expm1 fill floor ge gt isfinite isinf isnan isneginf isposinf le log log1p
+log2 logical_and logical_not logical_or logical_xor lt masked_fill maximum minimum mul nan_to_num ne neg pow
+reciprocal relu rsqrt rsub sigmoid sign silu sin sqrt square sub trunc where zero _to_copy lift_fresh
+lift_fresh_copy to tril triu detach""".split())
+REDUCTIONS = frozenset("all amax amin any argmax argmin logsumexp max mean min prod std sum var cumsum _softmax "
+                       "_log_softmax".split())
+LIKE = frozenset("empty_like full_like ones_like zeros_like".split())
+SIZED = frozenset("empty full new_empty new_full new_ones new_zeros ones zeros empty_strided new_empty_strided".split())
+
+
+def _broadcast_numel(shapes: list) -> int:
+    """Elements of the broadcast of these shapes (an upper bound if they do not broadcast: the op fails)."""
+    if not shapes:
+        return 1
+    if len(shapes) == 1:
+        return math.prod(shapes[0])
+    rank = max(len(s) for s in shapes)
+    n = 1
+    for i in range(1, rank + 1):
+        n *= max((s[-i] for s in shapes if len(s) >= i), default=1)
+    return n
+
+
+def _bound_out(op: "_Op", a: list, kw: dict) -> tuple[int, int] | None:
+    """(elements of the op's output, matmul FLOPs) computed from its real inputs' shapes, or None when
+    this op is not one of the cheap kinds (then the meta pass decides)."""
+    short = op.short[:-1] if op.short.endswith("_") else op.short
+    tensors = [x for x in a if isinstance(x, torch.Tensor)] + [x for x in kw.values() if isinstance(x, torch.Tensor)]
+    if short in ELEMENTWISE:
+        return _broadcast_numel([t.shape for t in tensors]), 0
+    if (short in REDUCTIONS or short in ("_unsafe_view", "reshape", "flatten", "contiguous")) and tensors:
+        return tensors[0].numel(), 0
+    if short in ("cat", "stack") and a and type(a[0]) in (list, tuple):
+        return sum(t.numel() for t in a[0] if isinstance(t, torch.Tensor)), 0
+    if short == "embedding" and len(tensors) >= 2:
+        return tensors[1].numel() * tensors[0].shape[-1], 0
+    if short == "arange":
+        nums = [x for x in a if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if 1 <= len(nums) <= 3 and all(math.isfinite(x) for x in nums):
+            start, end, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) == 3 else 1)
+            return (max(0, math.ceil((end - start) / step)) if step else 0), 0
+    if short in LIKE and tensors:
+        return tensors[0].numel(), 0
+    if short in SIZED:
+        size = kw.get("size", a[1] if short.startswith("new_") and len(a) > 1 else a[0] if a else None)
+        if type(size) in (list, tuple) and all(type(i) is int and i >= 0 for i in size):
+            return math.prod(size), 0
+        return None
+    if short in ("mm", "bmm", "addmm", "baddbmm", "mv", "dot", "vdot", "addmv", "addbmm"):
+        mats = tensors[-2:]
+        if len(mats) == 2 and all(t.dim() in (1, 2, 3) for t in mats):
+            x, y = mats
+            if short in ("dot", "vdot"):
+                return 1, 2 * x.numel()
+            lead = x.shape[0] if x.dim() == 3 else 1
+            rows = x.shape[-2] if x.dim() >= 2 else 1
+            inner = x.shape[-1]
+            cols = y.shape[-1] if y.dim() >= 2 else 1
+            return lead * rows * cols, 2 * lead * rows * cols * inner
+    return None
+
+
+def _meta_key(func: Any, a: list, kw: dict) -> Any:
+    """What decides an op's output shapes: the op, its tensors' shapes/strides/dtypes, its other args."""
+    def k(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return ("T", tuple(x.shape), x.stride(), x.dtype, x._is_view())
+        if type(x) in (list, tuple):
+            return tuple(k(i) for i in x)
+        return x if not isinstance(x, float) or not math.isnan(x) else "nan"
+    return func, k(a), tuple(sorted((n, k(v)) for n, v in kw.items()))
+
+
+def _meta_pass(ops: list, base: dict[int, Any], budget: Budget, trusted: dict) -> None:
+    """Run the program on meta tensors: refuse it before any real work if it is above the bounds.
+
+    Tiled programs repeat the same op on the same shapes many times; the meta result of a repeated
+    (op, shapes, args) is taken from a cache (out-of-place ops only), which makes this pass cheap."""
+    env: dict[int, Any] = {}
+    for ref, t in base.items():
+        env[ref] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") \
+            if isinstance(t, torch.Tensor) else t
+    meta = torch.device("meta")
+    cache: dict[Any, tuple[Any, int]] = {}
+    total = flops = 0
+    for func, args, kwargs, out in ops:
+        leaves = _out_refs(out)
+        a, kw = _dec(args, env), {k: _dec(v, env) for k, v in kwargs.items()}
+        if isinstance(func, str):  # a trusted judge function: it runs on meta tensors too
+            fn = trusted.get(func[len("judge::"):])
+            if fn is None:
+                raise ReplayRefused(f"the record calls {func[:40]!r}, which the judge does not provide", "malformed")
+            result, f = fn(*a, **kw), 0
+        elif func._schema.name.split("::")[1] in SCALAR_OUT_OPS:
+            result, f = None, 0
+        elif func._schema.name.split("::")[1] in VIEW_OPS:
+            claims = _claims(out)
+            if not claims or any(c is None for c in claims):
+                raise ReplayRefused("a recorded view op does not state its output's shape", "malformed")
+            views = []
+            for shape, stride, dtype in claims:
+                if math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size() > budget.max_tensor_bytes \
+                        or any(x < 0 for x in shape):
+                    raise ReplayRefused(f"the call makes a view of {math.prod(shape):,} elements", "budget")
+                views.append(torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=meta))
+            _bind(env, leaves, views, meta=True)
+            continue
+        else:
+            if any(arg.name == "device" for arg in func._schema.arguments):
+                kw["device"] = meta  # creation ops: never allocate real memory here
+            inplace = func._schema.name.endswith("_") or any(
+                arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments)
+            key = None if inplace else _meta_key(func, a, kw)
+            hit = cache.get(key) if key is not None else None
+            if hit is not None:
+                result, f = hit
+            else:
+                try:
+                    result = func(*a, **kw)
+                except Exception as exc:  # noqa: BLE001 -- a record whose ops do not fit together
+                    raise ReplayRefused(f"the recorded op {func._schema.name} does not run on the recorded shapes "
+                                        f"({type(exc).__name__})", "malformed") from None
+                formula = FLOP_FORMULAS.get(func.overloadpacket)
+                f = int(formula(*a, **kw, out_val=result)) if formula is not None else 0
+                if key is not None:
+                    cache[key] = (result, f)
+                for t in tree_flatten(result)[0]:
+                    if isinstance(t, torch.Tensor):
+                        size = t.numel() * t.element_size()
+                        if size > budget.max_tensor_bytes:
+                            raise ReplayRefused(f"the call makes a tensor of {size:,} bytes (bound "
+                                                f"{budget.max_tensor_bytes:,})", "budget")
+        flops += f
+        got = tree_flatten(result)[0] if result is not None else None
+        for t in got or []:
+            if isinstance(t, torch.Tensor) and not t._is_view():
+                total += t.numel() * t.element_size()
+        if total > budget.max_total_bytes or flops > budget.max_flops:
+            raise ReplayRefused(f"the call is above the judge's bounds ({total:,} bytes allocated, {flops:,} matmul "
+                                "FLOPs)", "budget")
+        _bind(env, leaves, got, meta=True)
+
+
+def _bind(env: dict[int, Any], leaves: list[Any], got: list[Any] | None, *, meta: bool) -> None:
+    if got is None:  # scalar-output op on meta: nothing to bind (its value is recorded as a plain scalar)
+        return
+    if len(got) != len(leaves):
+        raise ReplayRefused("a recorded op returned a different number of values in the replay", "malformed")
+    for leaf, value in zip(leaves, got):
+        if type(leaf) is int:
+            if not isinstance(value, torch.Tensor):
+                raise ReplayRefused("a recorded tensor output is not a tensor in the replay", "malformed")
+            env[leaf] = value
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One checked op of a record, with what the passes need precomputed once."""
+
+    func: Any
+    args: Any
+    kwargs: dict
+    out: Any
+    name: str
+    short: str
+    view: bool
+    formula: Any
+    leaves: list
+    reads: list
+    fast: Any = None  # (args template, [(position, ref)], kwargs template, [(name, ref)]) for flat args
+
+
+_NO_TENSORS: dict[int, Any] = {}
+
+
+def _compile_args(args: Any, kwargs: dict) -> Any:
+    """A template of the op's arguments with the tensor slots listed, when no tensor is nested inside
+    a list (then filling the slots is all a replay has to do per op); else None."""
+    def flat(items: list) -> tuple[list, list] | None:
+        template, slots = [], []
+        for i, x in enumerate(items):
+            if _is_ref(x):
+                template.append(None)
+                slots.append((i, x[1]))
+            elif type(x) is list and any(_is_ref(y) or type(y) is list for y in x):
+                return None
+            else:
+                template.append(_dec(x, _NO_TENSORS))
+        return template, slots
+
+    if type(args) is not list:
+        return None
+    fa = flat(args)
+    fk = flat(list(kwargs.values()))
+    if fa is None or fk is None:
+        return None
+    return fa[0], fa[1], dict(zip(kwargs, fk[0])), [(name, ref) for name, (_, ref) in
+                                                      zip([list(kwargs)[i] for i, _ in fk[1]], fk[1])]
+
+
+def _args_of(op: "_Op", env: dict[int, Any]) -> tuple[list, dict]:
+    if op.fast is None:
+        return _dec(op.args, env), ({k: _dec(v, env) for k, v in op.kwargs.items()} if op.kwargs else {})
+    template, slots, kw_template, kw_slots = op.fast
+    a = list(template)
+    try:
+        for i, ref in slots:
+            a[i] = env[ref]
+        kw = dict(kw_template)
+        for name, ref in kw_slots:
+            kw[name] = env[ref]
+    except KeyError:
+        raise ReplayRefused("the record uses a tensor before any op produced it", "malformed") from None
+    return a, kw
+
+
+def prepare(ops: list) -> list[_Op]:
+    out = []
+    for func, args, kwargs, o in ops:
+        if isinstance(func, str):
+            name = short = func
+            formula, view = None, False
+        else:
+            name = func._schema.name
+            short = name.split("::")[1]
+            formula, view = FLOP_FORMULAS.get(func.overloadpacket), short in VIEW_OPS
+        out.append(_Op(func, args, kwargs, o, name, short, view, formula, _out_refs(o),
+                       _arg_refs(args) + _arg_refs(list(kwargs.values())), _compile_args(args, kwargs)))
+    return out
+
+
+def _preflight(op: "_Op", a: list, kw: dict, budget: Budget, state: dict, trusted: dict) -> None:
+    """Bound the op BEFORE it runs: its output and FLOPs from the real shapes of its inputs (cheap kinds),
+    else from the op run on meta tensors (cached per signature); views from the record's claim."""
+    meta = torch.device("meta")
+    if op.view:
+        for c in _claims(op.out):
+            if c is None:
+                raise ReplayRefused("a recorded view op does not state its output's shape", "malformed")
+            if math.prod(c[0]) > budget.max_tensor_bytes // 8 or any(x < 0 for x in c[0]):
+                raise ReplayRefused(f"the call makes a view of {math.prod(c[0]):,} elements", "budget")
+        return
+    if op.short in SCALAR_OUT_OPS:
+        return
+    bound = None if isinstance(op.func, str) else _bound_out(op, a, kw)
+    if bound is not None:
+        elems, flops = bound
+        sizes = [elems * 8]
+    else:
+        ma = _to_meta(a)
+        mkw = {k: _to_meta(v) for k, v in kw.items()}
+        if isinstance(op.func, str):
+            result = trusted[op.name[len("judge::"):]](*ma, **mkw)
+            flops = 0
+        else:
+            if any(arg.name == "device" for arg in op.func._schema.arguments):
+                mkw["device"] = meta
+            key = _meta_key(op.func, ma, mkw)
+            hit = state["cache"].get(key)
+            if hit is None:
+                try:
+                    result = op.func(*ma, **mkw)
+                except Exception as exc:  # noqa: BLE001 -- a record whose ops do not fit together
+                    raise ReplayRefused(f"the recorded op {op.name} does not run on the recorded shapes "
+                                        f"({type(exc).__name__})", "malformed") from None
+                flops = int(op.formula(*ma, **mkw, out_val=result)) if op.formula is not None else 0
+                hit = state["cache"][key] = ([t.numel() * t.element_size() for t in tree_flatten(result)[0]
+                                              if isinstance(t, torch.Tensor)], flops)
+            sizes, flops = hit
+            sizes = list(sizes)
+        if isinstance(op.func, str):
+            sizes = [t.numel() * t.element_size() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+    for size in sizes:
+        if size > budget.max_tensor_bytes:
+            raise ReplayRefused(f"the call makes a tensor of {size:,} bytes (bound {budget.max_tensor_bytes:,})",
+                                "budget")
+    state["bytes"] += sum(sizes)
+    state["flops"] += flops
+    if state["bytes"] > budget.max_total_bytes or state["flops"] > budget.max_flops:
+        raise ReplayRefused(f"the call is above the judge's bounds ({state['bytes']:,} bytes allocated, "
+                            f"{state['flops']:,} matmul FLOPs)", "budget")
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if type(x) in (list, tuple):
+        return type(x)(_to_meta(i) for i in x)
+    return x
+
+
+def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[int], trusted: dict,
+               budget: Budget | None = None) -> Replayed:
+    """Replay the ops on real tensors and measure. With `budget`, every op is bounded (_preflight)
+    before it runs; the twin of an already bounded record (same shapes) runs without."""
+    prepared = ops if not ops or isinstance(ops[0], _Op) else prepare(ops)
+    state = {"cache": {}, "bytes": 0, "flops": 0}
+    env: dict[int, Any] = {ref: (t.clone() if isinstance(t, torch.Tensor) else t) for ref, t in base.items()}
+    excluded = {key[0] for t in env.values() if isinstance(t, torch.Tensor)
+                for key in [_storage_key(t)] if key is not None and key[1] > 0}
+    seen: set[tuple[int, int]] = set()
+    counts: Counter[str] = Counter()
+    flops: Counter[str] = Counter()
+    flops_at = [0]
+    largest = {"bytes": 0, "op": "", "shape": [], "dtype": ""}
+    bcast_elems = bcast_ops = 0
+    producer: dict[int, int] = {}
+    new_storage_of: dict[int, int] = {}
+    total = upcasts = 0
+    f64, f32, Tensor = torch.float64, torch.float32, torch.Tensor
+    with torch.no_grad():
+        for index, op in enumerate(prepared):
+            a, kw = _args_of(op, env)
+            name = op.name
+            if budget is not None:
+                _preflight(op, a, kw, budget, state, trusted)
+            if isinstance(op.func, str):
+                result = trusted[name[len("judge::"):]](*a, **kw)
+            else:
+                result = op.func(*a, **kw)
+                if op.short in EMPTY_OPS and isinstance(result, Tensor):
+                    result.zero_()  # uninitialised memory would make the replay nondeterministic
+                if op.formula is not None:
+                    f = int(op.formula(*a, **kw, out_val=result))
+                    flops[name] += f
+                    total += f
+                if op.short in SCALAR_OUT_OPS:
+                    recorded = [leaf[1] for leaf in op.leaves if type(leaf) is tuple]
+                    if recorded and recorded[0] != result and not (_nan(recorded[0]) and _nan(result)):
+                        raise ReplayRefused("the program branches on tensor values (.item() / bool() of a tensor "
+                                            "gave another value on the judge's inputs): graded code must not "
+                                            "decide its steps from the values of its inputs", "data_dependent")
+            counts[name] += 1
+            flops_at.append(total)
+            got = [result] if type(result) is Tensor else tree_flatten(result)[0]
+            if op.view:
+                tensors = [t for t in got if isinstance(t, Tensor)]
+                claims = _claims(op.out)
+                if len(claims) != len(tensors) or any(
+                        c is None or list(t.shape) != c[0] or list(t.stride()) != c[1]
+                        or str(t.dtype).removeprefix("torch.") != c[2] for t, c in zip(tensors, claims)):
+                    raise ReplayRefused(f"the record's {name} does not match its replay", "malformed")
+            _bind(env, op.leaves, got, meta=False)
+            if op.view:  # a view: no new storage, no product, no cast
+                for leaf in op.leaves:
+                    if type(leaf) is int:
+                        producer.setdefault(leaf, index)
+                continue
+            out64 = False
+            for leaf, t in zip(op.leaves, got):
+                if type(leaf) is int and isinstance(t, Tensor):
+                    producer.setdefault(leaf, index)
+                    out64 = out64 or t.dtype == f64
+                    key = _storage_key(t)
+                    if key is None or key[0] in excluded:
+                        continue
+                    if key not in seen:
+                        seen.add(key)
+                        new_storage_of[leaf] = key[1]
+                        if key[1] > largest["bytes"]:
+                            largest = {"bytes": int(key[1]), "op": name, "shape": list(t.shape),
+                                       "dtype": str(t.dtype).replace("torch.", "")}
+            if out64 and any(isinstance(x, Tensor) and x.dtype == f32 for x in tree_flatten(a)[0]):
+                upcasts += 1
+            if name == "aten::mul" and got and isinstance(got[0], Tensor):
+                operands = [x for x in a if isinstance(x, Tensor)]
+                n_out = got[0].numel()
+                if len(operands) == 2 and all(1 < _effective_numel(x) < n_out for x in operands):
+                    bcast_elems += n_out
+                    bcast_ops += 1
+    result = _dec(record["result"], env) if record["result"] is not None else None
+    consts = [t for r, t in base.items() if r in const_refs]
+    readers: dict[int, list[int]] = {}
+    for index, op in enumerate(prepared):
+        for ref in op.reads:
+            readers.setdefault(ref, []).append(index)
+    return Replayed(result=result, ops=len(prepared), op_counts=dict(counts), matmul_flops=total,
+                    flops_by_op=dict(flops), flops_at=flops_at, max_new_storage_bytes=int(largest["bytes"]),
+                    max_new_storage=largest, broadcast_product_elems=bcast_elems, broadcast_product_ops=bcast_ops,
+                    constants=len(consts), constant_elements=sum(t.numel() for t in consts), upcasts=upcasts,
+                    marks=_marks(record.get("marks"), len(prepared)), env=env,
+                    inputs=[env[i] for i in range(int(record["inputs"]))], producer=producer, readers=readers,
+                    new_storage_of=new_storage_of, prepared=prepared)
+
+
+def _nan(x: Any) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def _arg_refs(x: Any) -> list[int]:
+    if _is_ref(x):
+        return [x[1]]
+    if type(x) in (list, tuple):
+        return [r for i in x for r in _arg_refs(i)]
+    return []
+
+
+def _marks(marks: Any, n_ops: int) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    if type(marks) is dict:
+        for k, v in marks.items():
+            if type(k) is str and type(v) is list and all(type(i) is int and 0 <= i <= n_ops for i in v):
+                out[k] = list(v)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the judge's own inputs
+
+
+def perturbed(t: torch.Tensor, seed: int, rel: float = 5e-2) -> torch.Tensor:
+    """t with every finite nonzero float value moved by a random relative step of up to `rel` (same
+    shape, dtype, signs, zeros and infinities). A program whose answer was computed outside the
+    recorded ops (and brought in as constants or scalars) cannot match the reference on these."""
+    if not t.is_floating_point():
+        return t.clone()
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1
+    out = t.double() * (1 + rel * u)
+    out = torch.where(torch.isfinite(t), out, t.double())
+    return out.to(t.dtype)
+
+
+def record_and_replay(fn: Callable[..., Any], *args: Any, part: int | None = None, **kwargs: Any) -> Replayed:
+    """Record fn(*args, **kwargs) in THIS process and replay it (tests of the tracer; never for grading)."""
+    from autograder.scenarios.tracing import record_call, tensors_of
+
+    inputs = tensors_of(args, kwargs)
+    record = record_call(fn, inputs, *args, **kwargs)
+    return replay(record, inputs, part=part)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the judge's entry point for a test
+
+
+def _leaves_perturbed(value: Any, seed: int) -> Any:
+    counter = [0]
+
+    def go(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            counter[0] += 1
+            return perturbed(x, seed * 1000 + counter[0])
+        if type(x) in (list, tuple):
+            return type(x)(go(i) for i in x)
+        if type(x) is dict:
+            return {k: go(v) for k, v in x.items()}
+        return x
+
+    return go(value)
+
+
+def judge_inputs(args: tuple, kwargs: dict, seed: int | None) -> tuple[tuple, dict]:
+    """The judge's own copy of a call's inputs: perturbed (see `perturbed`) unless seed is None."""
+    if seed is None:
+        return tuple(_clone(a) for a in args), {k: _clone(v) for k, v in kwargs.items()}
+    return _leaves_perturbed(tuple(args), seed), _leaves_perturbed(dict(kwargs), seed + 7)
+
+
+def _clone(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if type(x) in (list, tuple):
+        return type(x)(_clone(i) for i in x)
+    if type(x) is dict:
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+TWIN_REL = 1e-3  # the twin's output may be off its reference by 1e-3·(max|ref| + 1): rounding is ~1e-6 of that
+
+
+def twin_error(actual: Any, expected: Any) -> str | None:
+    """None when the twin replay's output matches the judge's reference on the twin inputs loosely
+    (TWIN_REL); else a short reason. Leaves are compared in order (tensors, or nested tuples/lists);
+    for a dict `expected`, only its keys."""
+    if type(expected) is dict:
+        if type(actual) is not dict or not set(expected) <= set(actual):
+            return "its result is not the expected dict"
+        actual = [actual[k] for k in expected]
+        expected = list(expected.values())
+    got, want = tree_flatten(actual)[0], tree_flatten(expected)[0]
+    if len(got) != len(want):
+        return f"it returned {len(got)} values, expected {len(want)}"
+    for a, e in zip(got, want):
+        if not isinstance(e, torch.Tensor):
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != e.shape:
+            return "its result has another type or shape"
+        a64, e64 = a.double(), e.double()
+        finite = torch.isfinite(e64)
+        if not torch.equal(torch.isfinite(a64), finite) or not torch.equal(a64[~finite], e64[~finite]):
+            return "its infinities or NaNs are elsewhere"
+        if finite.any():
+            err = (a64[finite] - e64[finite]).abs().max().item()
+            bound = TWIN_REL * (e64[finite].abs().max().item() + 1)
+            if not err <= bound:
+                return f"its result is off by {err:.3g} (allowed {bound:.3g})"
+    return None
+
+
+def check_twin(rp: Replayed, reference: Callable[..., Any], *, fn: str) -> None:
+    """The twin replay (same program, judge-drawn inputs) must compute the reference of ITS inputs.
+
+    A program whose answer was computed outside the recorded ops and brought in through constants or
+    scalars gives the answer for the recorded inputs only, and fails here."""
+    from .checks import CheckFailure
+
+    if rp.twin is None:
+        return
+    args, kwargs = rp.twin_args
+    why = twin_error(rp.twin.result, reference(*args, **kwargs))
+    if why is not None:
+        raise CheckFailure(f"{fn} computes its result from its inputs (the judge replays the recorded ops on inputs "
+                           "of its own)", detail=f"on the judge's inputs {why}", kind="replay",
+                           hint="compute the result from the inputs with torch ops inside the call; values computed "
+                                "elsewhere and brought in as constants or numbers match only the inputs they were "
+                                "computed for")
+
+
+def _flat_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    return [t for t in tree_flatten([list(args), kwargs])[0] if isinstance(t, torch.Tensor)]
+
+
+def call(student: Any, target: str, args: tuple, kwargs: dict | None = None, *, seed: int | None = 1,
+         budget: Budget = DEFAULT_BUDGET, reference: Callable[..., Any] | None = None,
+         twin_inputs: tuple[tuple, dict] | None = None, **replay_kw: Any) -> tuple[Replayed, tuple, dict]:
+    """Record student `target`(*args, **kwargs) in the worker and replay it here, twice: on the judge's
+    own copy of these inputs (rp: grade its result and measurements), and, when `seed` is given, on
+    judge-drawn inputs (rp.twin, checked against `reference` of those inputs by check_twin).
+
+    Returns (rp, the judge's args, the judge's kwargs). A refused record fails the test with one
+    clear line; so does a twin that does not compute `reference` (when given)."""
+    kwargs = dict(kwargs or {})
+    record = student.scenario("tracing.call", fn=target, args=list(args), kwargs=kwargs)
+    return replay_record(student, record, target.rsplit(".", 1)[-1], args, kwargs, seed=seed, budget=budget,
+                         reference=reference, twin_inputs=twin_inputs, **replay_kw)
+
+
+def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict, *, seed: int | None = 1,
+                  budget: Budget = DEFAULT_BUDGET, reference: Callable[..., Any] | None = None,
+                  twin_inputs: tuple[tuple, dict] | None = None, twin_named: dict[str, torch.Tensor] | None = None,
+                  main_reference: Callable[..., Any] | None = None, **replay_kw: Any) -> tuple[Replayed, tuple, dict]:
+    """`call` for a record a scenario made; its inputs are the tensors of (args, kwargs) in pytree order.
+    twin_named: the judge's own named tensors for the twin (e.g. perturbed model weights);
+    main_reference: the reference on the main replay's inputs and named tensors (default `reference`).
+    twin_inputs: the twin's (args, kwargs) when they must be consistent with each other (e.g. o and lse
+    of the twin's q, k, v); default: `perturbed` copies of args and kwargs (seed)."""
+    from .checks import CheckFailure
+
+    j_args, j_kwargs = judge_inputs(tuple(args), kwargs, None)
+    try:
+        rp = replay(record, _flat_tensors(j_args, j_kwargs), part=student.part, budget=budget, **replay_kw)
+        if seed is not None or twin_inputs is not None:
+            t_args, t_kwargs = twin_inputs if twin_inputs is not None else judge_inputs(tuple(args), kwargs, seed)
+            twin_kw = dict(replay_kw, named=twin_named) if twin_named is not None else replay_kw
+            rp.twin = _real_pass_again(record, _flat_tensors(t_args, t_kwargs), student.part, budget, twin_kw,
+                                       prepared=rp.prepared)
+            rp.twin_args = (t_args, t_kwargs)
+    except ReplayRefused as exc:
+        raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay",
+                           hint="the grader replays the torch ops your code ran, on its own inputs: use torch ops "
+                                "on the inputs, no fused attention, no values computed outside the call") from None
+    # The twin check only where the replay on the recorded inputs is (loosely) right: a plainly wrong
+    # result fails the test's own value checks, with their diagnosis of the bug.
+    main_reference = main_reference or reference
+    if reference is not None and rp.twin is not None and twin_error(rp.result, main_reference(*j_args, **j_kwargs)) is None:
+        check_twin(rp, reference, fn=fn)
+    return rp, j_args, j_kwargs
+
+
+def _real_pass_again(record: Any, inputs: list[torch.Tensor], part: int | None, budget: Budget,
+                     replay_kw: dict, prepared: list | None = None) -> Replayed:
+    """The second replay of an already checked and bounded record (its meta pass holds for the same shapes)."""
+    ops = prepared if prepared is not None else prepare(check_record(record, len(inputs), part, budget))
+    named, trusted = replay_kw.get("named") or {}, replay_kw.get("trusted") or {}
+    base: dict[int, Any] = {i: t for i, t in enumerate(inputs)}
+    for ref, name in record.get("named") or []:
+        base[ref] = named[name]
+    consts = {ref: t for ref, t in record["constants"]}
+    base.update(consts)
+    return _real_pass(ops, base, record, set(consts), trusted)

@@ -1,0 +1,69 @@
+"""Red team, measurement attacks: each attack of instructor/redteam with `suite = "measurement"` graded
+with the REAL public and hidden tests of its part (autograder.engine.grade, not sandboxed: what is under
+test is trust-and-replay, not isolation; tests/test_redteam.py covers isolation).
+
+The attacks (forging the recorder through frames and gc, calling fused or reference attention by a
+name built at run time, recomputing instead of caching, smuggling the answer in through scalars or
+constants) build on the starter, like the rest of the corpus. Each must score no more than an honest
+wrong answer on its part: the starter's points, plus the points of tests that the attack passes
+honestly (HONEST_PASSES: e.g. generate(use_cache=False) IS recomputation), and its feedback must name
+the reason (ATTACK.toml `expect`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autograder.engine.runner import grade
+from instructor import redteam
+
+ATTACKS = {n: s for n, s in redteam.attacks().items() if s.get("suite") == "measurement"}
+# tests an attack may pass because what it does there is correct, not a cheat
+HONEST_PASSES = {"recompute_no_cache": {"test_generate_60_prompts_recompute"},
+                 "forge_read_counter": {"test_rebase_count"}}  # its rebase count is computed honestly
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("measurement-redteam")
+    redteam.assemble(dest, honest=False)
+    starter = dest / "honest_starter"
+    starter.mkdir()
+    for f in (redteam.ROOT / "starter").glob("*.py"):
+        (starter / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def _test_name(test_id: str) -> str:
+    return test_id.split("::", 1)[1].split("[", 1)[0]
+
+
+def test_there_is_an_attack_per_measurement_class():
+    assert {"forge_recorder_forward", "forge_recorder_backward", "reference_by_any_name", "recompute_no_cache",
+            "smuggle_through_scalars"} <= set(ATTACKS)
+    assert {s["part"] for s in ATTACKS.values()} >= {2, 4, 5}
+
+
+_STARTER: dict[int, dict] = {}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_scores_no_more_than_an_honest_wrong_answer(name, corpus):
+    spec = ATTACKS[name]
+    part = spec["part"]
+    report = grade(corpus / name, parts=[part], test_sets=("public", "hidden"))
+    if part not in _STARTER:
+        _STARTER[part] = grade(corpus / "honest_starter", parts=[part], test_sets=("public", "hidden"))
+    starter = _STARTER[part]
+    passed = [t for t in report["tests"] if t["outcome"] == "passed"]
+    cheats = [t["id"] for t in passed if _test_name(t["id"]) not in HONEST_PASSES.get(name, set())]
+    assert cheats == [], f"{name} passed {len(cheats)} test(s) it has no right to: {cheats[:5]}"
+    honest = sum(t["score"] for t in passed)
+    points = report["parts"][0]["points"]
+    assert points <= starter["parts"][0]["points"] + honest + 1e-3, (name, points)  # points are rounded
+    # the reason, in the feedback a student sees (public tests) and in the part's first failure
+    text = " ".join([json.dumps(report["parts"][0].get("first_failure")),
+                     *(t.get("message") or "" for t in report["tests"] if t["set"] == "public")]).lower()
+    assert any(e.lower() in text for e in spec["expect"]), f"{name}: none of {spec['expect']} in {text[:600]}"
