@@ -5,10 +5,11 @@ tracing.py). Nothing it measured is trusted. This module, in the judge:
 
 1. validates the record's shape (plain data only; refs point to earlier tensors);
 2. checks every op against an allow-list (no fused attention op under any name, no random, no
-   I/O, no storage tricks) and the record against budgets: ops, constants (count and elements),
-   distinct data-carrying scalars;
-3. runs the whole program on META tensors first: shapes, bytes and FLOPs are known before any
-   real work, and a program above the bounds is refused, so a hostile record cannot exhaust the judge;
+   I/O, no storage tricks) and the record against budgets: ops, elements of constants, distinct
+   data-carrying numbers;
+3. bounds every op BEFORE it runs (`_preflight`): output size and FLOPs from the real shapes of its
+   inputs (or on meta tensors for unusual ops), views from the record's stated shape, checked right
+   after; a program above the bounds is refused, so a hostile record cannot exhaust the judge;
 4. replays it on the judge's own input tensors and measures, in that replay: matmul FLOPs
    (torch.utils.flop_counter's formulas), the largest new storage, broadcast products (matmuls
    hidden as multiply + sum), the op counts; and returns the OUTPUT of the replay.
@@ -76,8 +77,8 @@ class Budget:
     """Bounds a record must meet before the judge replays it (all checked on the record or on meta)."""
 
     max_ops: int = 60_000
-    max_constants: int = 16
-    max_constant_elements: int = 64  # a few scalars such as torch.tensor(-inf); never an answer
+    max_constants: int = 60_000  # e.g. torch.tensor(-inf) in every tile: each a number (max_scalars)
+    max_constant_elements: int = 64  # in constants of more than one element: never an answer
     max_scalars: int = 64  # distinct data-carrying scalar values (Scalar-typed args)
     max_tensor_bytes: int = 512 << 20  # one tensor
     max_total_bytes: int = 4 << 30  # all new tensors together (meta)
@@ -341,18 +342,21 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
     consts = record["constants"]
     if type(consts) is not list or len(consts) > budget.max_constants:
         raise ReplayRefused(f"{len(consts) if type(consts) is list else '?'} tensors entered the call from outside "
-                            f"its inputs and its own ops (at most {budget.max_constants} small constants)", "constants")
+                            f"its inputs and its own ops (at most {budget.max_constants:,})", "constants")
     elems = 0
+    scalars: set[float] = set()
     for c in consts:
         if type(c) is not list or len(c) != 2 or type(c[0]) is not int or type(c[1]) is not torch.Tensor:
             raise ReplayRefused("a constant of the record is not a plain tensor", "constants")
-        elems += c[1].numel()
+        if c[1].numel() <= 1:  # torch.tensor(-inf) and friends: a number, counted with the numbers below
+            scalars.update(float(x) for x in c[1].double().reshape(-1).tolist())
+        else:
+            elems += c[1].numel()
     if elems > budget.max_constant_elements:
         raise ReplayRefused(f"tensors that did not come from the inputs hold {elems:,} elements (at most "
                             f"{budget.max_constant_elements}): compute from the inputs with torch ops, do not bring "
                             "values in from outside the call", "constants")
     resolved = []
-    scalars: set[float] = set()
     for entry in ops:
         if type(entry) is not list or len(entry) != 4 or type(entry[2]) is not dict:
             raise ReplayRefused("an op of the record is malformed", "malformed")
@@ -363,7 +367,7 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
         func = _resolve(name, part)
         resolved.append((func, args, kwargs, out))
         if type(args) is list:
-            scalars.update(float(s) for s in _scalar_args(func, args, kwargs) if isinstance(s, (int, float)))
+            scalars.update(float(x) for x in _scalar_args(func, args, kwargs) if isinstance(x, (int, float)))
     if len(scalars) > budget.max_scalars:
         raise ReplayRefused(f"the call passes {len(scalars)} different numbers into tensors (at most "
                             f"{budget.max_scalars}): compute values from the inputs with torch ops", "scalars")
@@ -462,76 +466,6 @@ def _meta_key(func: Any, a: list, kw: dict) -> Any:
             return tuple(k(i) for i in x)
         return x if not isinstance(x, float) or not math.isnan(x) else "nan"
     return func, k(a), tuple(sorted((n, k(v)) for n, v in kw.items()))
-
-
-def _meta_pass(ops: list, base: dict[int, Any], budget: Budget, trusted: dict) -> None:
-    """Run the program on meta tensors: refuse it before any real work if it is above the bounds.
-
-    Tiled programs repeat the same op on the same shapes many times; the meta result of a repeated
-    (op, shapes, args) is taken from a cache (out-of-place ops only), which makes this pass cheap."""
-    env: dict[int, Any] = {}
-    for ref, t in base.items():
-        env[ref] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") \
-            if isinstance(t, torch.Tensor) else t
-    meta = torch.device("meta")
-    cache: dict[Any, tuple[Any, int]] = {}
-    total = flops = 0
-    for func, args, kwargs, out in ops:
-        leaves = _out_refs(out)
-        a, kw = _dec(args, env), {k: _dec(v, env) for k, v in kwargs.items()}
-        if isinstance(func, str):  # a trusted judge function: it runs on meta tensors too
-            fn = trusted.get(func[len("judge::"):])
-            if fn is None:
-                raise ReplayRefused(f"the record calls {func[:40]!r}, which the judge does not provide", "malformed")
-            result, f = fn(*a, **kw), 0
-        elif func._schema.name.split("::")[1] in SCALAR_OUT_OPS:
-            result, f = None, 0
-        elif func._schema.name.split("::")[1] in VIEW_OPS:
-            claims = _claims(out)
-            if not claims or any(c is None for c in claims):
-                raise ReplayRefused("a recorded view op does not state its output's shape", "malformed")
-            views = []
-            for shape, stride, dtype in claims:
-                if math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size() > budget.max_tensor_bytes \
-                        or any(x < 0 for x in shape):
-                    raise ReplayRefused(f"the call makes a view of {math.prod(shape):,} elements", "budget")
-                views.append(torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=meta))
-            _bind(env, leaves, views, meta=True)
-            continue
-        else:
-            if any(arg.name == "device" for arg in func._schema.arguments):
-                kw["device"] = meta  # creation ops: never allocate real memory here
-            inplace = func._schema.name.endswith("_") or any(
-                arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments)
-            key = None if inplace else _meta_key(func, a, kw)
-            hit = cache.get(key) if key is not None else None
-            if hit is not None:
-                result, f = hit
-            else:
-                try:
-                    result = func(*a, **kw)
-                except Exception as exc:  # noqa: BLE001 -- a record whose ops do not fit together
-                    raise ReplayRefused(f"the recorded op {func._schema.name} does not run on the recorded shapes "
-                                        f"({type(exc).__name__})", "malformed") from None
-                formula = FLOP_FORMULAS.get(func.overloadpacket)
-                f = int(formula(*a, **kw, out_val=result)) if formula is not None else 0
-                if key is not None:
-                    cache[key] = (result, f)
-                for t in tree_flatten(result)[0]:
-                    if isinstance(t, torch.Tensor):
-                        size = t.numel() * t.element_size()
-                        if size > budget.max_tensor_bytes:
-                            raise ReplayRefused(f"the call makes a tensor of {size:,} bytes (bound "
-                                                f"{budget.max_tensor_bytes:,})", "budget")
-        flops += f
-        got = tree_flatten(result)[0] if result is not None else None
-        for t in got or []:
-            if isinstance(t, torch.Tensor) and not t._is_view():
-                total += t.numel() * t.element_size()
-        if total > budget.max_total_bytes or flops > budget.max_flops:
-            raise ReplayRefused(f"the call is above the judge's bounds ({total:,} bytes allocated, {flops:,} matmul "
-                                "FLOPs)", "budget")
-        _bind(env, leaves, got, meta=True)
 
 
 def _bind(env: dict[int, Any], leaves: list[Any], got: list[Any] | None, *, meta: bool) -> None:
@@ -943,11 +877,11 @@ def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict,
 
     j_args, j_kwargs = judge_inputs(tuple(args), kwargs, None)
     try:
-        rp = replay(record, _flat_tensors(j_args, j_kwargs), part=student.part, budget=budget, **replay_kw)
+        rp = replay(record, _flat_tensors(j_args, j_kwargs), part=getattr(student, "part", None), budget=budget, **replay_kw)
         if seed is not None or twin_inputs is not None:
             t_args, t_kwargs = twin_inputs if twin_inputs is not None else judge_inputs(tuple(args), kwargs, seed)
             twin_kw = dict(replay_kw, named=twin_named) if twin_named is not None else replay_kw
-            rp.twin = _real_pass_again(record, _flat_tensors(t_args, t_kwargs), student.part, budget, twin_kw,
+            rp.twin = _real_pass_again(record, _flat_tensors(t_args, t_kwargs), getattr(student, "part", None), budget, twin_kw,
                                        prepared=rp.prepared)
             rp.twin_args = (t_args, t_kwargs)
     except ReplayRefused as exc:
