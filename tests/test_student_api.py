@@ -66,7 +66,11 @@ def static_targets() -> tuple[dict[str, set[str]], list[str]]:
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                         and node.func.attr in ("call", "function", "module") and node.args
                         and isinstance(node.func.value, (ast.Name, ast.Call))):
-                    vals = _values(node.args[0], consts)
+                    # replay.call(student, "module.function", ...): the judge records and replays the call
+                    replayed = isinstance(node.func.value, ast.Name) and node.func.value.id == "replay"
+                    if replayed and len(node.args) < 2:
+                        continue
+                    vals = _values(node.args[1] if replayed else node.args[0], consts)
                     if vals is None:
                         dynamic.append(f"{f.name}:{node.lineno}")
                         continue
@@ -87,7 +91,7 @@ def static_targets() -> tuple[dict[str, set[str]], list[str]]:
 
 def test_every_static_target_is_in_the_api():
     found, _ = static_targets()
-    assert len(found) >= 20, "the scan finds the tests' targets"
+    assert len(found) >= 15, "the scan finds the tests' targets"
     unknown = {t: sorted(files) for t, files in found.items() if t not in TARGETS and t not in MODULES}
     assert not unknown, f"add these to autograder/student_api.py (or fix the test): {unknown}"
 
@@ -130,7 +134,8 @@ def test_every_target_used_in_a_real_run_is_in_the_api():
     assert used - TARGETS - MODULES == set(), "add these to autograder/student_api.py"
     # every entry is reached by some test: directly, or (the methods) through student.module(...);
     # the kernel itself runs inside run_flash_kernel
-    reached = used | set(static_targets()[0]) | {"flash_kernel.flash_forward_kernel"}
+    # (part 4's scenario swaps flash_backward's flash_forward for a correct one, by name)
+    reached = used | set(static_targets()[0]) | {"flash_kernel.flash_forward_kernel", "flash_backward.flash_forward"}
     reached |= {t for t in TARGETS if t.count(".") == 2 and t.rsplit(".", 1)[0] in reached}  # members of a class used
     assert TARGETS - reached == set(), "entries no test uses: remove them from autograder/student_api.py"
 

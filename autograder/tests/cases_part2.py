@@ -237,6 +237,21 @@ def replayed_forward(student, case: AttnCase) -> tuple[replay.Replayed, torch.Te
     return rp, jq, jk, jv
 
 
+def _extents(n: int, block: int) -> set[int]:
+    """The sizes of the tiles along one side: full blocks and the ragged last one."""
+    return {min(block, n)} | ({n % block} if n > block and n % block else set())
+
+
+def matmul_flops_defined(case: AttnCase) -> bool:
+    """Whether the matmul FLOPs of a tiled call are defined by its ops: a tile of one row AND one key
+    (or d = 1) makes some tile products scalar multiplications, which einsum and matmul lower to
+    plain `mul` (no matmul to count). Elsewhere an outer product over a length-1 contraction is
+    counted as the matmul it is (engine/replay.py)."""
+    one_row = 1 in _extents(case.nq, case.block_q)
+    one_key = 1 in _extents(case.nk, case.block_k)
+    return case.d > 1 and not (one_row and one_key)
+
+
 def separates(case: AttnCase) -> bool:
     """Whether a tiled forward's largest storage (o, a scaled copy of q or k, one tile of S over the
     batch) is at most half of one head's Nq×Nk scores, so that storage tells tiled from dense."""
@@ -248,14 +263,12 @@ def separates(case: AttnCase) -> bool:
 def check_trace_common(trace: dict[str, Any], *, fn: str, nq: int, nk: int, itemsize: int, inputs: dict,
                        fused_hint: str = HINT_FUSED, nxn_hint: str = HINT_NXN, upcasts: int = 0,
                        float32: bool = False, storage: bool = True) -> None:
-    """No fused attention op (the replay refuses it); no float64 copy of float32 data; no new storage
-    as large as one (batch, head)'s Nq × Nk scores (when `storage`: the shapes separate the two)."""
+    """No fused attention op (the replay refuses it); no new storage as large as one (batch, head)'s
+    Nq × Nk scores (when `storage`: the shapes separate the two). Float64 copies of float32 data are
+    legal (accumulating in float64 is a correct variant); `upcasts` and `float32` are informational."""
     fused = trace["fused_attention_ops"]
     check(not fused, what=f"no fused attention op inside {fn}", detail=f"the call dispatched {', '.join(fused)}",
           hint=fused_hint, inputs=inputs)
-    if float32:
-        check(upcasts == 0, what=f"{fn} computes in the dtype of its float32 inputs",
-              detail=f"{upcasts} op(s) turned float32 data into float64", hint=HINT_UPCAST, inputs=inputs)
     if not storage:
         return
     nxn = nq * nk * itemsize
@@ -274,6 +287,8 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
     trace = rp.as_trace()
     check_trace_common(trace, fn="flash_forward", nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize,
                        inputs=inputs, upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
+    if not matmul_flops_defined(case):
+        return
     expected, full = forward_flops(case), forward_flops(case, causal=False)
     pairs = len(block_pairs(case.nq, case.nk, case.causal, case.block_q, case.block_k))
     total = len(block_pairs(case.nq, case.nk, False, case.block_q, case.block_k))
@@ -287,7 +302,7 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
 
 def check_forward_trace(student, case: AttnCase, *, hidden: bool = False) -> None:
     """flash_forward replayed: no fused op, no Nq×Nk storage, exact matmul FLOPs, and a correct result."""
-    assert separates(case), f"test bug: {case.id} cannot separate tiled from naive"
+    assert separates(case) and matmul_flops_defined(case), f"test bug: {case.id} cannot separate tiled from naive"
     rp, q, k, v = replayed_forward(student, case)
     inputs = case.shown(q, k, v)
     check_forward_structure(rp, case, inputs=inputs)

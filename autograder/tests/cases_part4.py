@@ -37,7 +37,8 @@ from autograder.engine.checks import check, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
-from .cases_part2 import AttnCase, check_trace_common, close_or_diagnose, forward_flops, separates
+from .cases_part2 import (AttnCase, check_trace_common, close_or_diagnose, forward_flops, matmul_flops_defined,
+                          separates)
 
 HINT_BWD_FEWER = ("fewer matmul FLOPs than 2.5× the forward: per visible (Q block, K/V block) pair the backward "
                   "does 5 tile matmuls, S = scale·Q Kᵀ (recomputed), dV += Pᵀ dO, dP = dO Vᵀ, dQ += dS K, "
@@ -168,6 +169,8 @@ def check_backward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dic
                                   "attention kernel (§7.2)",
                        nxn_hint="recompute P one B_r × B_c tile at a time (§7.2): never build an Nq × Nk tensor",
                        upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
+    if not matmul_flops_defined(case):
+        return
     got = trace["matmul_flops"] if flops is None else flops
     fewest, most = backward_flops_bounds(case)
     fwd = forward_flops(case)
@@ -180,7 +183,7 @@ def check_backward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dic
 
 def check_backward_trace(student, case: AttnCase) -> None:
     """flash_backward replayed: no fused op, no Nq×Nk storage, matmul FLOPs 2.5× the forward's, right grads."""
-    assert separates(case), f"test bug: {case.id} cannot separate tiled from naive"
+    assert separates(case) and matmul_flops_defined(case), f"test bug: {case.id} cannot separate tiled from naive"
     rp, q, k, v, do, o64, lse64 = replayed_backward(student, case)
     check_backward_structure(rp, case, inputs=case.shown(q, k, v, do=do))
     _check_grads(rp.result, q, k, v, o64, lse64, do, case, fn="the replayed flash_backward", hidden=True,

@@ -227,11 +227,8 @@ def split_lengths(nk: int, num_splits: int) -> list[int]:
 
 
 def check_no_upcast(rp: replay.Replayed, q: torch.Tensor, fn: str, inputs: dict) -> None:
-    if q.dtype == torch.float32:
-        check(rp.upcasts == 0, what=f"{fn} computes in the dtype of its float32 inputs",
-              detail=f"{rp.upcasts} op(s) turned float32 data into float64",
-              hint="compute in q's dtype: no float64 copy (the course's dense reference computes in float64)",
-              inputs=inputs)
+    """Nothing to check: a float64 copy of float32 data is legal (accumulating in float64 is a correct
+    variant). Kept as the one place to change should a dtype rule come back."""
 
 
 def decode_flops_bounds(case: DecodeCase) -> tuple[int, int]:
