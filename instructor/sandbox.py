@@ -397,7 +397,11 @@ def _make_traversable(path: Path, gid: int | None = None) -> None:
         return
     if gid is None and st.st_mode & stat.S_IXOTH and st.st_mode & stat.S_IROTH:
         return
-    in_tmp = path.is_relative_to(Path(tempfile.gettempdir()).resolve()) and st.st_uid == os.getuid()
+    # the engine's private copies only: never the instructor's own tree or interpreter, even where
+    # those live under the temp directory too (a checkout or CI clone in /tmp)
+    ours = [ROOT.resolve(), Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    in_tmp = (path.is_relative_to(Path(tempfile.gettempdir()).resolve()) and st.st_uid == os.getuid()
+              and not any(path == o or path.is_relative_to(o) for o in ours))
     if gid is not None and not in_tmp:
         if st.st_mode & stat.S_IXOTH and st.st_mode & stat.S_IROTH:
             return

@@ -156,3 +156,17 @@ def test_a_symlinked_venv_passes_the_self_test(tmp_path):
         shutil.rmtree(link, ignore_errors=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["sandbox_kind"] == box.kind
+
+
+def test_the_uid_mode_never_regroups_the_instructors_tree_even_under_the_temp_dir(monkeypatch):
+    """A checkout (or CI clone) under /tmp: giving the worker's group the engine's private copies must
+    not reach course/ or the venv through the binds (it once made course/ unreadable to other slots)."""
+    import tempfile
+
+    from instructor import sandbox as sb
+
+    course = sb.ROOT / "course"
+    before = {p: (p.stat().st_mode, p.stat().st_gid) for p in (course, course / "__init__.py")}
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(sb.ROOT.parent))  # the repository now counts as "in tmp"
+    sb._make_traversable(course, 64123)
+    assert {p: (p.stat().st_mode, p.stat().st_gid) for p in before} == before
