@@ -145,13 +145,14 @@ class Replayed:
     upcasts: int  # ops that turned float32 data into float64 (a float64 copy: e.g. a float64 reference)
     marks: dict[str, list[int]] = field(default_factory=dict)
     inputs: list[torch.Tensor] = field(default_factory=list, repr=False)  # the replay's own input tensors
-    twin: "Replayed | None" = field(default=None, repr=False)  # the same program on judge-drawn inputs
+    twin: "Twin | None" = field(default=None, repr=False)  # the same program on judge-drawn inputs
     twin_args: tuple = field(default=((), {}), repr=False)  # those inputs (args, kwargs)
     env: dict[int, Any] = field(default_factory=dict, repr=False)
     producer: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> op index that made it
     readers: dict[int, list[int]] = field(default_factory=dict, repr=False)  # ref -> op indices reading it
     new_storage_of: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> bytes of its new storage
     prepared: list = field(default_factory=list, repr=False)  # the checked ops (for the twin)
+    shapes: dict[int, list] = field(default_factory=dict, repr=False)  # op index -> output shapes (DATA_SHAPE_OPS)
 
     def flops_between(self, start: int, end: int | None = None) -> int:
         """Matmul FLOPs of ops [start, end)."""
@@ -180,6 +181,13 @@ class Replayed:
                 "max_new_storage": dict(self.max_new_storage),
                 "broadcast_product_elems": self.broadcast_product_elems,
                 "broadcast_product_ops": self.broadcast_product_ops}
+
+
+@dataclass
+class Twin:
+    """The twin replay: the same program on judge-drawn inputs; only its result is used (check_twin)."""
+
+    result: Any
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -224,9 +232,8 @@ def _is_ref(x: Any) -> bool:
 
 # Ops whose outputs are views (no new memory): the meta pass takes their shapes from the record's
 # claim (bounded like any tensor), and the real pass checks the claim before anything reads them.
-VIEW_OPS = frozenset("""alias as_strided detach diagonal expand narrow permute select slice squeeze t transpose
-unbind unfold unsqueeze view view_as _reshape_alias split split_with_sizes tensor_split chunk unsafe_split
-unsafe_split_with_sizes""".split())
+# The recorder states that claim for exactly these ops (and any whose schema returns an alias).
+from autograder.scenarios.tracing import VIEW_OPS, paused_gc  # noqa: E402 -- one definition of the record format
 
 
 def _claims(out: Any) -> list[tuple[list[int], list[int], str] | None]:
@@ -285,17 +292,10 @@ def _out_refs(x: Any) -> list[Any]:
     return [("scalar", x)]
 
 
-_SCALAR_POSITIONS: dict[Any, list[tuple[int, str]]] = {}
-
-
-def _scalar_args(func: Any, args: list, kwargs: dict) -> list[Any]:
+def _scalar_args(info: "_Info", args: list, kwargs: dict) -> list[Any]:
     """Values of the op's Scalar-typed arguments (the ones that can carry data into a tensor)."""
-    positions = _SCALAR_POSITIONS.get(func)
-    if positions is None:
-        positions = _SCALAR_POSITIONS[func] = [(i, arg.name) for i, arg in enumerate(func._schema.arguments)
-                                               if "number" in str(arg.type) or "Scalar" in str(arg.type)]
     out = []
-    for i, name in positions:
+    for i, name in info.scalar_positions:
         value = args[i] if i < len(args) else kwargs.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out.append(value)
@@ -321,22 +321,31 @@ def _effective_numel(t: torch.Tensor) -> int:
 # the replay
 
 
-def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -> list[tuple[Any, list, dict, Any]]:
-    """Validate the record and resolve its ops; raises ReplayRefused."""
-    if type(record) is not dict or not {"inputs", "ops", "constants", "result"} <= set(record):
-        raise ReplayRefused("the call returned no record of its ops", "malformed")
-    if record["inputs"] != n_inputs:
-        raise ReplayRefused("the record does not number the inputs the judge sent", "malformed")
-    ops = record["ops"]
-    if type(ops) is str:  # the op list travels as one JSON text (scenarios/tracing.Recorder.record)
-        if len(ops) > 64 * budget.max_ops + 1000:
-            raise ReplayRefused(f"the record is too long ({len(ops):,} characters)", "budget")
+def _op_text(ops: Any, budget: Budget) -> list:
+    """The record's op list: JSON text in a uint8 tensor (scenarios/tracing.Recorder.record), a str, or a list."""
+    if type(ops) is torch.Tensor and ops.dtype == torch.uint8 and ops.dim() == 1:
+        if ops.numel() > 64 * budget.max_ops + 1000:
+            raise ReplayRefused(f"the record is too long ({ops.numel():,} bytes)", "budget")
+        ops = ops.numpy().tobytes()
+    elif type(ops) is str and len(ops) > 64 * budget.max_ops + 1000:
+        raise ReplayRefused(f"the record is too long ({len(ops):,} characters)", "budget")
+    if type(ops) in (str, bytes):
         try:
             ops = json.loads(ops)
         except (ValueError, RecursionError):
             raise ReplayRefused("the record's op list is not valid JSON", "malformed") from None
     if type(ops) is not list:
         raise ReplayRefused("the record's op list is malformed", "malformed")
+    return ops
+
+
+def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -> list["_Op"]:
+    """Validate the record, resolve its ops and prepare them for the passes; raises ReplayRefused."""
+    if type(record) is not dict or not {"inputs", "ops", "constants", "result"} <= set(record):
+        raise ReplayRefused("the call returned no record of its ops", "malformed")
+    if record["inputs"] != n_inputs:
+        raise ReplayRefused("the record does not number the inputs the judge sent", "malformed")
+    ops = _op_text(record["ops"], budget)
     if len(ops) > budget.max_ops:
         raise ReplayRefused(f"the call ran {len(ops):,} torch ops; the bound is {budget.max_ops:,}", "budget")
     consts = record["constants"]
@@ -356,22 +365,23 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
         raise ReplayRefused(f"tensors that did not come from the inputs hold {elems:,} elements (at most "
                             f"{budget.max_constant_elements}): compute from the inputs with torch ops, do not bring "
                             "values in from outside the call", "constants")
-    resolved = []
+    prepared = []
     for entry in ops:
         if type(entry) is not list or len(entry) != 4 or type(entry[2]) is not dict:
             raise ReplayRefused("an op of the record is malformed", "malformed")
         name, args, kwargs, out = entry
         if type(name) is str and name.startswith("judge::"):
-            resolved.append((name, args, kwargs, out))
+            prepared.append(_Op(_judge_info(name), args, kwargs, out))
             continue
-        func = _resolve(name, part)
-        resolved.append((func, args, kwargs, out))
-        if type(args) is list:
-            scalars.update(float(x) for x in _scalar_args(func, args, kwargs) if isinstance(x, (int, float)))
+        info = _info(_resolve(name, part))
+        op = _Op(info, args, kwargs, out)
+        prepared.append(op)
+        if info.scalar_positions and type(args) is list:
+            scalars.update(float(x) for x in _scalar_args(info, args, kwargs))
     if len(scalars) > budget.max_scalars:
         raise ReplayRefused(f"the call passes {len(scalars)} different numbers into tensors (at most "
                             f"{budget.max_scalars}): compute values from the inputs with torch ops", "scalars")
-    return resolved
+    return prepared
 
 
 def replay(record: Any, inputs: list[torch.Tensor], *, part: int | None = None, budget: Budget = DEFAULT_BUDGET,
@@ -381,15 +391,19 @@ def replay(record: Any, inputs: list[torch.Tensor], *, part: int | None = None, 
 
     named: tensors the judge owns (record's "named" refs); trusted: "judge::name" -> the judge's function."""
     ops = check_record(record, len(inputs), part, budget)
-    named, trusted = named or {}, trusted or {}
+    return _real_pass(ops, _base(record, inputs, named or {}), record, {ref for ref, _ in record["constants"]},
+                      trusted or {}, budget=budget)
+
+
+def _base(record: dict, inputs: list[torch.Tensor], named: dict[str, torch.Tensor]) -> dict[int, Any]:
+    """ref -> tensor before the first op: the inputs, the judge's named tensors, the constants."""
     base: dict[int, Any] = {i: t for i, t in enumerate(inputs)}
     for entry in record.get("named") or []:
         if type(entry) is not list or len(entry) != 2 or entry[1] not in named or type(entry[0]) is not int:
             raise ReplayRefused("the record names a tensor the judge does not know", "malformed")
         base[entry[0]] = named[entry[1]]
-    consts = {ref: t for ref, t in record["constants"]}
-    base.update(consts)
-    return _real_pass(prepare(ops), base, record, set(consts), trusted, budget=budget)
+    base.update({ref: t for ref, t in record["constants"]})
+    return base
 
 
 # Cheap bounds of an op's output, from the real shapes of its (already bounded) inputs, checked BEFORE
@@ -418,32 +432,35 @@ def _broadcast_numel(shapes: list) -> int:
     return n
 
 
-def _bound_out(op: "_Op", a: list, kw: dict) -> tuple[int, int] | None:
+def _bound_out(info: "_Info", a: list, kw: dict) -> tuple[int, int] | None:
     """(elements of the op's output, matmul FLOPs) computed from its real inputs' shapes, or None when
     this op is not one of the cheap kinds (then the meta pass decides)."""
-    short = op.short[:-1] if op.short.endswith("_") else op.short
-    tensors = [x for x in a if isinstance(x, torch.Tensor)] + [x for x in kw.values() if isinstance(x, torch.Tensor)]
-    if short in ELEMENTWISE:
+    kind = info.kind
+    tensors = [x for x in a if isinstance(x, torch.Tensor)]
+    if kw:
+        tensors += [x for x in kw.values() if isinstance(x, torch.Tensor)]
+    if kind == "elementwise":
         return _broadcast_numel([t.shape for t in tensors]), 0
-    if (short in REDUCTIONS or short in ("_unsafe_view", "reshape", "flatten", "contiguous")) and tensors:
+    if kind in ("reduction", "reshape") and tensors:
         return tensors[0].numel(), 0
-    if short in ("cat", "stack") and a and type(a[0]) in (list, tuple):
+    if kind == "cat" and a and type(a[0]) in (list, tuple):
         return sum(t.numel() for t in a[0] if isinstance(t, torch.Tensor)), 0
-    if short == "embedding" and len(tensors) >= 2:
+    if kind == "embedding" and len(tensors) >= 2:
         return tensors[1].numel() * tensors[0].shape[-1], 0
-    if short == "arange":
+    short = info.short[:-1] if info.short.endswith("_") else info.short
+    if kind == "arange":
         nums = [x for x in a if isinstance(x, (int, float)) and not isinstance(x, bool)]
         if 1 <= len(nums) <= 3 and all(math.isfinite(x) for x in nums):
             start, end, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) == 3 else 1)
             return (max(0, math.ceil((end - start) / step)) if step else 0), 0
-    if short in LIKE and tensors:
+    if kind == "like" and tensors:
         return tensors[0].numel(), 0
-    if short in SIZED:
+    if kind == "sized":
         size = kw.get("size", a[1] if short.startswith("new_") and len(a) > 1 else a[0] if a else None)
         if type(size) in (list, tuple) and all(type(i) is int and i >= 0 for i in size):
             return math.prod(size), 0
         return None
-    if short in ("mm", "bmm", "addmm", "baddbmm", "mv", "dot", "vdot", "addmv", "addbmm"):
+    if kind == "matmul":
         mats = tensors[-2:]
         if len(mats) == 2 and all(t.dim() in (1, 2, 3) for t in mats):
             x, y = mats
@@ -468,64 +485,117 @@ def _meta_key(func: Any, a: list, kw: dict) -> Any:
     return func, k(a), tuple(sorted((n, k(v)) for n, v in kw.items()))
 
 
-def _bind(env: dict[int, Any], leaves: list[Any], got: list[Any] | None, *, meta: bool) -> None:
-    if got is None:  # scalar-output op on meta: nothing to bind (its value is recorded as a plain scalar)
-        return
-    if len(got) != len(leaves):
-        raise ReplayRefused("a recorded op returned a different number of values in the replay", "malformed")
-    for leaf, value in zip(leaves, got):
-        if type(leaf) is int:
-            if not isinstance(value, torch.Tensor):
-                raise ReplayRefused("a recorded tensor output is not a tensor in the replay", "malformed")
-            env[leaf] = value
-
-
 @dataclass(frozen=True)
+class _Info:
+    """What the passes need to know about one op overload, worked out once per overload."""
+
+    func: Any
+    name: str  # schema name, e.g. "aten::mul": the key of op_counts and flops_by_op
+    short: str  # "mul", "mul_"
+    kind: str | None  # how _bound_out bounds it from its inputs' shapes; None: on meta tensors
+    view: bool
+    formula: Any  # FLOP formula (torch.utils.flop_counter), or None
+    scalar_positions: tuple[tuple[int, str], ...]  # the Scalar-typed arguments
+    has_device: bool
+    empty: bool  # uninitialised output (zeroed in the replay)
+    scalar_out: bool  # returns a Python number (.item() and friends)
+    data_shape: bool  # output shape can depend on input VALUES (boolean indexing)
+    trusted: str | None = None  # "judge::name" ops: the judge's own function `name`
+
+
+_KINDS = {**{n: "elementwise" for n in ELEMENTWISE}, **{n: "reduction" for n in REDUCTIONS},
+          **{n: "reshape" for n in ("_unsafe_view", "reshape", "flatten", "contiguous")},
+          "cat": "cat", "stack": "cat", "embedding": "embedding", "arange": "arange",
+          **{n: "like" for n in LIKE}, **{n: "sized" for n in SIZED},
+          **{n: "matmul" for n in ("mm", "bmm", "addmm", "baddbmm", "mv", "dot", "vdot", "addmv", "addbmm")}}
+DATA_SHAPE_OPS = frozenset({"index", "tensor_split"})
+_INFOS: dict[Any, _Info] = {}
+
+
+def _info(func: Any) -> _Info:
+    info = _INFOS.get(func)
+    if info is None:
+        name = func._schema.name
+        short = name.split("::")[1]
+        plain = short[:-1] if short.endswith("_") else short
+        positions = tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                          if "number" in str(arg.type) or "Scalar" in str(arg.type))
+        info = _INFOS[func] = _Info(
+            func, name, short, _KINDS.get(plain), short in VIEW_OPS, FLOP_FORMULAS.get(func.overloadpacket), positions,
+            any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS,
+            short in DATA_SHAPE_OPS)
+    return info
+
+
+def _judge_info(name: str) -> _Info:
+    return _Info(name, name, name, None, False, None, (), False, False, False, False, trusted=name[len("judge::"):])
+
+
 class _Op:
     """One checked op of a record, with what the passes need precomputed once."""
 
-    func: Any
-    args: Any
-    kwargs: dict
-    out: Any
-    name: str
-    short: str
-    view: bool
-    formula: Any
-    leaves: list
-    reads: list
-    fast: Any = None  # (args template, [(position, ref)], kwargs template, [(name, ref)]) for flat args
+    __slots__ = ("info", "args", "kwargs", "out", "leaves", "reads", "fast")
+
+    def __init__(self, info: _Info, args: Any, kwargs: dict, out: Any) -> None:
+        self.info, self.args, self.kwargs, self.out = info, args, kwargs, out
+        self.leaves = _out_refs(out)
+        # (args template, [(position, ref)], kwargs template, [(name, ref)]) when no tensor sits in a list
+        self.fast = _compile_args(args, kwargs)
+        if self.fast is not None:
+            self.reads = [ref for _, ref in self.fast[1]] + [ref for _, ref in self.fast[3]]
+        else:
+            self.reads = _arg_refs(args) + _arg_refs(list(kwargs.values()))
+
+    @property
+    def func(self) -> Any:
+        return self.info.func
+
+    @property
+    def name(self) -> str:
+        return self.info.name
 
 
 _NO_TENSORS: dict[int, Any] = {}
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _flat(items: list) -> tuple[list, list] | None:
+    """(template, [(position, ref)]) of a list of arguments, or None when a list in it nests a tensor."""
+    template, slots = [], []
+    for i, x in enumerate(items):
+        t = type(x)
+        if t in _PLAIN:
+            template.append(x)
+        elif t is list and len(x) in (2, 5) and x[0] == "$t":
+            if type(x[1]) is not int:
+                raise ReplayRefused("the record numbers a tensor wrongly", "malformed")
+            template.append(None)
+            slots.append((i, x[1]))
+        elif t is list and any(type(y) is list for y in x):
+            return None
+        else:
+            template.append(_dec(x, _NO_TENSORS))
+    return template, slots
 
 
 def _compile_args(args: Any, kwargs: dict) -> Any:
     """A template of the op's arguments with the tensor slots listed, when no tensor is nested inside
     a list (then filling the slots is all a replay has to do per op); else None."""
-    def flat(items: list) -> tuple[list, list] | None:
-        template, slots = [], []
-        for i, x in enumerate(items):
-            if _is_ref(x):
-                template.append(None)
-                slots.append((i, x[1]))
-            elif type(x) is list and any(_is_ref(y) or type(y) is list for y in x):
-                return None
-            else:
-                template.append(_dec(x, _NO_TENSORS))
-        return template, slots
-
     if type(args) is not list:
         return None
-    fa = flat(args)
-    fk = flat(list(kwargs.values()))
-    if fa is None or fk is None:
+    fa = _flat(args)
+    if fa is None:
         return None
-    return fa[0], fa[1], dict(zip(kwargs, fk[0])), [(name, ref) for name, (_, ref) in
-                                                      zip([list(kwargs)[i] for i, _ in fk[1]], fk[1])]
+    if not kwargs:
+        return fa[0], fa[1], {}, []
+    keys = list(kwargs)
+    fk = _flat(list(kwargs.values()))
+    if fk is None:
+        return None
+    return fa[0], fa[1], dict(zip(keys, fk[0])), [(keys[i], ref) for i, ref in fk[1]]
 
 
-def _args_of(op: "_Op", env: dict[int, Any]) -> tuple[list, dict]:
+def _args_of(op: _Op, env: dict[int, Any]) -> tuple[list, dict]:
     if op.fast is None:
         return _dec(op.args, env), ({k: _dec(v, env) for k, v in op.kwargs.items()} if op.kwargs else {})
     template, slots, kw_template, kw_slots = op.fast
@@ -533,6 +603,8 @@ def _args_of(op: "_Op", env: dict[int, Any]) -> tuple[list, dict]:
     try:
         for i, ref in slots:
             a[i] = env[ref]
+        if not kw_slots:
+            return a, (dict(kw_template) if kw_template else {})
         kw = dict(kw_template)
         for name, ref in kw_slots:
             kw[name] = env[ref]
@@ -542,61 +614,60 @@ def _args_of(op: "_Op", env: dict[int, Any]) -> tuple[list, dict]:
 
 
 def prepare(ops: list) -> list[_Op]:
-    out = []
-    for func, args, kwargs, o in ops:
-        if isinstance(func, str):
-            name = short = func
-            formula, view = None, False
-        else:
-            name = func._schema.name
-            short = name.split("::")[1]
-            formula, view = FLOP_FORMULAS.get(func.overloadpacket), short in VIEW_OPS
-        out.append(_Op(func, args, kwargs, o, name, short, view, formula, _out_refs(o),
-                       _arg_refs(args) + _arg_refs(list(kwargs.values())), _compile_args(args, kwargs)))
-    return out
+    """The ops ready for the passes (check_record already returns them so)."""
+    return [op if isinstance(op, _Op) else _Op(_judge_info(op[0]) if isinstance(op[0], str) else _info(op[0]),
+                                               op[1], op[2], op[3]) for op in ops]
 
 
-def _preflight(op: "_Op", a: list, kw: dict, budget: Budget, state: dict, trusted: dict) -> None:
+def _bind(env: dict[int, Any], leaves: list[Any], got: list[Any]) -> None:
+    if len(got) != len(leaves):
+        raise ReplayRefused("a recorded op returned a different number of values in the replay", "malformed")
+    for leaf, value in zip(leaves, got):
+        if type(leaf) is int:
+            if not isinstance(value, torch.Tensor):
+                raise ReplayRefused("a recorded tensor output is not a tensor in the replay", "malformed")
+            env[leaf] = value
+
+
+def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted: dict) -> None:
     """Bound the op BEFORE it runs: its output and FLOPs from the real shapes of its inputs (cheap kinds),
     else from the op run on meta tensors (cached per signature); views from the record's claim."""
-    meta = torch.device("meta")
-    if op.view:
+    info = op.info
+    if info.view:
         for c in _claims(op.out):
             if c is None:
                 raise ReplayRefused("a recorded view op does not state its output's shape", "malformed")
             if math.prod(c[0]) > budget.max_tensor_bytes // 8 or any(x < 0 for x in c[0]):
                 raise ReplayRefused(f"the call makes a view of {math.prod(c[0]):,} elements", "budget")
         return
-    if op.short in SCALAR_OUT_OPS:
+    if info.scalar_out:
         return
-    bound = None if isinstance(op.func, str) else _bound_out(op, a, kw)
+    bound = _bound_out(info, a, kw) if info.kind is not None else None
     if bound is not None:
         elems, flops = bound
         sizes = [elems * 8]
     else:
         ma = _to_meta(a)
         mkw = {k: _to_meta(v) for k, v in kw.items()}
-        if isinstance(op.func, str):
-            result = trusted[op.name[len("judge::"):]](*ma, **mkw)
+        if info.trusted is not None:
+            result = trusted[info.trusted](*ma, **mkw)
             flops = 0
+            sizes = [t.numel() * t.element_size() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
         else:
-            if any(arg.name == "device" for arg in op.func._schema.arguments):
-                mkw["device"] = meta
-            key = _meta_key(op.func, ma, mkw)
+            if info.has_device:
+                mkw["device"] = torch.device("meta")
+            key = _meta_key(info.func, ma, mkw)
             hit = state["cache"].get(key)
             if hit is None:
                 try:
-                    result = op.func(*ma, **mkw)
+                    result = info.func(*ma, **mkw)
                 except Exception as exc:  # noqa: BLE001 -- a record whose ops do not fit together
-                    raise ReplayRefused(f"the recorded op {op.name} does not run on the recorded shapes "
+                    raise ReplayRefused(f"the recorded op {info.name} does not run on the recorded shapes "
                                         f"({type(exc).__name__})", "malformed") from None
-                flops = int(op.formula(*ma, **mkw, out_val=result)) if op.formula is not None else 0
+                flops = int(info.formula(*ma, **mkw, out_val=result)) if info.formula is not None else 0
                 hit = state["cache"][key] = ([t.numel() * t.element_size() for t in tree_flatten(result)[0]
                                               if isinstance(t, torch.Tensor)], flops)
             sizes, flops = hit
-            sizes = list(sizes)
-        if isinstance(op.func, str):
-            sizes = [t.numel() * t.element_size() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
     for size in sizes:
         if size > budget.max_tensor_bytes:
             raise ReplayRefused(f"the call makes a tensor of {size:,} bytes (bound {budget.max_tensor_bytes:,})",
@@ -616,59 +687,74 @@ def _to_meta(x: Any) -> Any:
     return x
 
 
+def _check_branch(op: _Op, result: Any) -> None:
+    """A .item()/bool() must give the value the worker saw: the program may not branch on values."""
+    recorded = [leaf[1] for leaf in op.leaves if type(leaf) is tuple]
+    if recorded and recorded[0] != result and not (_nan(recorded[0]) and _nan(result)):
+        raise ReplayRefused("the program branches on tensor values (.item() / bool() of a tensor gave another "
+                            "value on the judge's inputs): graded code must not decide its steps from the values "
+                            "of its inputs", "data_dependent")
+
+
+def _run(op: _Op, a: list, kw: dict, trusted: dict) -> Any:
+    """Run one op in the replay (with the checks every pass makes)."""
+    info = op.info
+    if info.trusted is not None:
+        return trusted[info.trusted](*a, **kw)
+    result = info.func(*a, **kw)
+    if info.empty and type(result) is torch.Tensor:
+        result.zero_()  # uninitialised memory would make the replay nondeterministic
+    if info.scalar_out:
+        _check_branch(op, result)
+    return result
+
+
 def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[int], trusted: dict,
                budget: Budget | None = None) -> Replayed:
     """Replay the ops on real tensors and measure. With `budget`, every op is bounded (_preflight)
-    before it runs; the twin of an already bounded record (same shapes) runs without."""
-    prepared = ops if not ops or isinstance(ops[0], _Op) else prepare(ops)
+    before it runs."""
+    prepared = prepare(ops)
     state = {"cache": {}, "bytes": 0, "flops": 0}
     env: dict[int, Any] = {ref: (t.clone() if isinstance(t, torch.Tensor) else t) for ref, t in base.items()}
     excluded = {key[0] for t in env.values() if isinstance(t, torch.Tensor)
                 for key in [_storage_key(t)] if key is not None and key[1] > 0}
     seen: set[tuple[int, int]] = set()
-    counts: Counter[str] = Counter()
+    counts: dict[str, int] = {}
     flops: Counter[str] = Counter()
     flops_at = [0]
     largest = {"bytes": 0, "op": "", "shape": [], "dtype": ""}
     bcast_elems = bcast_ops = 0
     producer: dict[int, int] = {}
     new_storage_of: dict[int, int] = {}
+    shapes: dict[int, list] = {}
     total = upcasts = 0
     f64, f32, Tensor = torch.float64, torch.float32, torch.Tensor
     with torch.no_grad():
         for index, op in enumerate(prepared):
+            info = op.info
             a, kw = _args_of(op, env)
-            name = op.name
+            name = info.name
             if budget is not None:
                 _preflight(op, a, kw, budget, state, trusted)
-            if isinstance(op.func, str):
-                result = trusted[name[len("judge::"):]](*a, **kw)
-            else:
-                result = op.func(*a, **kw)
-                if op.short in EMPTY_OPS and isinstance(result, Tensor):
-                    result.zero_()  # uninitialised memory would make the replay nondeterministic
-                if op.formula is not None:
-                    f = int(op.formula(*a, **kw, out_val=result))
-                    flops[name] += f
-                    total += f
-                if op.short in SCALAR_OUT_OPS:
-                    recorded = [leaf[1] for leaf in op.leaves if type(leaf) is tuple]
-                    if recorded and recorded[0] != result and not (_nan(recorded[0]) and _nan(result)):
-                        raise ReplayRefused("the program branches on tensor values (.item() / bool() of a tensor "
-                                            "gave another value on the judge's inputs): graded code must not "
-                                            "decide its steps from the values of its inputs", "data_dependent")
-            counts[name] += 1
+            result = _run(op, a, kw, trusted)
+            if info.formula is not None:
+                f = int(info.formula(*a, **kw, out_val=result))
+                flops[name] += f
+                total += f
+            counts[name] = counts.get(name, 0) + 1
             flops_at.append(total)
             got = [result] if type(result) is Tensor else tree_flatten(result)[0]
-            if op.view:
+            if info.data_shape:
+                shapes[index] = [tuple(t.shape) for t in got if isinstance(t, Tensor)]
+            if info.view:
                 tensors = [t for t in got if isinstance(t, Tensor)]
                 claims = _claims(op.out)
                 if len(claims) != len(tensors) or any(
                         c is None or list(t.shape) != c[0] or list(t.stride()) != c[1]
                         or str(t.dtype).removeprefix("torch.") != c[2] for t, c in zip(tensors, claims)):
                     raise ReplayRefused(f"the record's {name} does not match its replay", "malformed")
-            _bind(env, op.leaves, got, meta=False)
-            if op.view:  # a view: no new storage, no product, no cast
+            _bind(env, op.leaves, got)
+            if info.view:  # a view: no new storage, no product, no cast
                 for leaf in op.leaves:
                     if type(leaf) is int:
                         producer.setdefault(leaf, index)
@@ -687,7 +773,8 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         if key[1] > largest["bytes"]:
                             largest = {"bytes": int(key[1]), "op": name, "shape": list(t.shape),
                                        "dtype": str(t.dtype).replace("torch.", "")}
-            if out64 and any(isinstance(x, Tensor) and x.dtype == f32 for x in tree_flatten(a)[0]):
+            if out64 and any(isinstance(x, Tensor) and x.dtype == f32
+                             for x in (a if op.fast is not None else tree_flatten(a)[0])):
                 upcasts += 1
             if name == "aten::mul" and got and isinstance(got[0], Tensor):
                 operands = [x for x in a if isinstance(x, Tensor)]
@@ -711,13 +798,32 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     for index, op in enumerate(prepared):
         for ref in op.reads:
             readers.setdefault(ref, []).append(index)
-    return Replayed(result=result, ops=len(prepared), op_counts=dict(counts), matmul_flops=total,
+    return Replayed(result=result, ops=len(prepared), op_counts=counts, matmul_flops=total,
                     flops_by_op=dict(flops), flops_at=flops_at, max_new_storage_bytes=int(largest["bytes"]),
                     max_new_storage=largest, broadcast_product_elems=bcast_elems, broadcast_product_ops=bcast_ops,
                     constants=len(consts), constant_elements=sum(t.numel() for t in consts), upcasts=upcasts,
                     marks=_marks(record.get("marks"), len(prepared)), env=env,
                     inputs=[env[i] for i in range(int(record["inputs"]))], producer=producer, readers=readers,
-                    new_storage_of=new_storage_of, prepared=prepared)
+                    new_storage_of=new_storage_of, prepared=prepared, shapes=shapes)
+
+
+def _twin_pass(main: Replayed, base: dict[int, Any], record: dict, trusted: dict) -> "Twin":
+    """The same checked program on the twin's inputs, measuring nothing: only its result. The main
+    pass bounded every op for these shapes; an op whose output shape depends on values (boolean
+    indexing) must give the main pass's shape, or the bounds would not hold."""
+    env: dict[int, Any] = {ref: (t.clone() if isinstance(t, torch.Tensor) else t) for ref, t in base.items()}
+    Tensor = torch.Tensor
+    with torch.no_grad():
+        for index, op in enumerate(main.prepared):
+            a, kw = _args_of(op, env)
+            result = _run(op, a, kw, trusted)
+            got = [result] if type(result) is Tensor else tree_flatten(result)[0]
+            if op.info.data_shape and [tuple(t.shape) for t in got if isinstance(t, Tensor)] != main.shapes.get(index):
+                raise ReplayRefused("the program's tensor shapes depend on its input values (boolean indexing gave "
+                                    "other shapes on the judge's inputs): index with masks of fixed size, or use "
+                                    "torch.where", "data_dependent")
+            _bind(env, op.leaves, got)
+    return Twin(_dec(record["result"], env) if record["result"] is not None else None)
 
 
 def _nan(x: Any) -> bool:
@@ -874,7 +980,13 @@ def call(student: Any, target: str, args: tuple, kwargs: dict | None = None, *, 
                          reference=reference, twin_inputs=twin_inputs, **replay_kw)
 
 
-def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict, *, seed: int | None = 1,
+def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict, **kw: Any) -> tuple[Replayed, tuple, dict]:
+    """`call` for a record a scenario made; see _replay_record."""
+    with paused_gc():
+        return _replay_record(student, record, fn, args, kwargs, **kw)
+
+
+def _replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict, *, seed: int | None = 1,
                   budget: Budget = DEFAULT_BUDGET, reference: Callable[..., Any] | None = None,
                   twin_inputs: tuple[tuple, dict] | None = None, twin_named: dict[str, torch.Tensor] | None = None,
                   main_reference: Callable[..., Any] | None = None, **replay_kw: Any) -> tuple[Replayed, tuple, dict]:
@@ -886,34 +998,35 @@ def replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict,
     from .checks import CheckFailure
 
     j_args, j_kwargs = judge_inputs(tuple(args), kwargs, None)
+    hint = ("the grader replays the torch ops your code ran, on its own inputs: use torch ops on the inputs, no fused "
+            "attention, no values computed outside the call")
+    main_inputs = _flat_tensors(j_args, j_kwargs)
     try:
-        rp = replay(record, _flat_tensors(j_args, j_kwargs), part=getattr(student, "part", None), budget=budget, **replay_kw)
-        if seed is not None or twin_inputs is not None:
-            t_args, t_kwargs = twin_inputs if twin_inputs is not None else judge_inputs(tuple(args), kwargs, seed)
-            twin_kw = dict(replay_kw, named=twin_named) if twin_named is not None else replay_kw
-            rp.twin = _real_pass_again(record, _flat_tensors(t_args, t_kwargs), getattr(student, "part", None), budget, twin_kw,
-                                       prepared=rp.prepared)
-            rp.twin_args = (t_args, t_kwargs)
+        rp = replay(record, main_inputs, part=getattr(student, "part", None), budget=budget, **replay_kw)
     except ReplayRefused as exc:
-        raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay",
-                           hint="the grader replays the torch ops your code ran, on its own inputs: use torch ops "
-                                "on the inputs, no fused attention, no values computed outside the call") from None
-    # The twin check only where the replay on the recorded inputs is (loosely) right: a plainly wrong
-    # result fails the test's own value checks, with their diagnosis of the bug.
-    main_reference = main_reference or reference
-    if reference is not None and rp.twin is not None and twin_error(rp.result, main_reference(*j_args, **j_kwargs)) is None:
-        check_twin(rp, reference, fn=fn)
+        raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay", hint=hint) from None
+    # The twin only where the replay on the recorded inputs is (loosely) right: a plainly wrong result
+    # fails the test's own value checks, with their diagnosis of the bug.
+    if reference is None or (seed is None and twin_inputs is None):
+        return rp, j_args, j_kwargs
+    if twin_error(rp.result, (main_reference or reference)(*j_args, **j_kwargs)) is not None:
+        return rp, j_args, j_kwargs
+    t_args, t_kwargs = twin_inputs if twin_inputs is not None else judge_inputs(tuple(args), kwargs, seed)
+    t_inputs = _flat_tensors(t_args, t_kwargs)
+    named = twin_named if twin_named is not None else replay_kw.get("named") or {}
+    try:
+        base = _base(record, t_inputs, named)
+        main_base = _base(record, main_inputs, replay_kw.get("named") or {})
+        same = set(base) == set(main_base) and all(
+            not isinstance(t, torch.Tensor) or (isinstance(main_base[r], torch.Tensor) and t.shape == main_base[r].shape
+                                                and t.dtype == main_base[r].dtype) for r, t in base.items())
+        if same:  # the main pass bounded every op for these shapes
+            rp.twin = _twin_pass(rp, base, record, replay_kw.get("trusted") or {})
+        else:
+            twin = _real_pass(rp.prepared, base, record, set(), replay_kw.get("trusted") or {}, budget=budget)
+            rp.twin = Twin(twin.result)
+    except ReplayRefused as exc:
+        raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay", hint=hint) from None
+    rp.twin_args = (t_args, t_kwargs)
+    check_twin(rp, reference, fn=fn)
     return rp, j_args, j_kwargs
-
-
-def _real_pass_again(record: Any, inputs: list[torch.Tensor], part: int | None, budget: Budget,
-                     replay_kw: dict, prepared: list | None = None) -> Replayed:
-    """The second replay of an already checked and bounded record (its meta pass holds for the same shapes)."""
-    ops = prepared if prepared is not None else prepare(check_record(record, len(inputs), part, budget))
-    named, trusted = replay_kw.get("named") or {}, replay_kw.get("trusted") or {}
-    base: dict[int, Any] = {i: t for i, t in enumerate(inputs)}
-    for ref, name in record.get("named") or []:
-        base[ref] = named[name]
-    consts = {ref: t for ref, t in record["constants"]}
-    base.update(consts)
-    return _real_pass(ops, base, record, set(consts), trusted)

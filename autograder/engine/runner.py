@@ -9,6 +9,7 @@ nothing outside the tests folder (least of all the submission's folder) takes pa
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -446,6 +447,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                         "--confcutdir", str(tests_path), "-p", "no:cacheprovider", "-p", "no:stepwise",
                         "-p", "no:unraisableexception", "-p", "no:threadexception", "-p", "no:faulthandler",
                         "--import-mode=importlib", "-m", markers, "-p", "no:terminal"]
+                _freeze_imports()
                 with _pytest_env():
                     code = pytest.main(args, plugins=[plugin])
                 if code not in (0, 1, 5):  # 5: nothing collected (reported per part)
@@ -489,6 +491,20 @@ def student_view(report: dict) -> dict:
                                          if len(text) > keep else "")
     view.pop("timing", None)
     return view
+
+
+_FROZEN = False
+
+
+def _freeze_imports() -> None:
+    """Once per judge process: keep the objects of the imports (torch's above all) out of every later
+    garbage collection, which would otherwise walk them all again and again (a replay allocates
+    hundreds of thousands of small objects)."""
+    global _FROZEN
+    if not _FROZEN:
+        gc.collect()
+        gc.freeze()
+        _FROZEN = True
 
 
 def grade_for_student(impl_dir: str | os.PathLike, **kwargs: Any) -> tuple[dict, dict]:

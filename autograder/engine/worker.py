@@ -151,6 +151,9 @@ def main() -> None:
     torch.set_num_threads(int(cfg.get("threads", 1)))
     if cfg.get("preload"):
         import course  # noqa: F401  (the course package is trusted; import it before any student code)
+    import gc
+
+    gc.freeze()  # torch's objects: no collection walks them again (a forked worker inherits the zygote's)
     student = WorkerStudent(cfg["modules"])
     protocol.write_frame(proto_out, {"ok": True, "ready": True, "pid": os.getpid(),
                                      "startup_s": time.perf_counter() - started})

@@ -15,12 +15,15 @@ that changes only the program the judge replays, never what the judge measures f
 The record (lists, ints, floats, strs, tensors only):
 
     {"inputs": n,                       refs 0..n-1 are the inputs, in the order given to inputs()
-     "ops": JSON text of [[name, args, kwargs, out], ...]
+     "ops": UTF-8 JSON text of [[name, args, kwargs, out], ...], as a uint8 tensor (its bytes
+                                        travel raw, not escaped inside the message's JSON)
                                         name "aten::bmm.default" (op and overload); args/kwargs/out
                                         encode a tensor as ["$t", ref], a device, layout or memory
                                         format as ["$dev" | "$lay" | "$mf", name]; `out` numbers the
-                                        new tensors an op returned (an in-place op returns its self),
-                                        as ["$t", ref, shape, strides, dtype]
+                                        tensors an op returned (an in-place op returns its self) as
+                                        ["$t", ref], and for an op that returns a view of its inputs
+                                        (VIEW_OPS, or a schema whose returns alias) as
+                                        ["$t", ref, shape, strides, dtype]
      "constants": [[ref, tensor], ...]  tensors that entered from outside the recorded ops (their
                                         bytes ship; the judge bounds their count and size)
      "named": [[ref, name], ...]        tensors the judge owns too (e.g. "param:blocks.0.attn.wq.weight"
@@ -33,12 +36,48 @@ forward): its call is recorded as ONE op "judge::name" and its own ops are not r
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import gc
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 MAX_RECORDED_OPS = 200_000  # the judge's own bound is lower; this only stops runaway recording early
+
+# Ops whose outputs are views (no new memory). The record states their output's shape, strides and
+# dtype: the judge bounds them from that claim before replaying and checks it right after.
+VIEW_OPS = frozenset("""alias as_strided detach diagonal expand narrow permute select slice squeeze t transpose
+unbind unfold unsqueeze view view_as _reshape_alias split split_with_sizes tensor_split chunk unsafe_split
+unsafe_split_with_sizes""".split())
+
+_PLAIN = (type(None), bool, int, float, str)
+_DTYPE_NAMES = {getattr(torch, n): n for n in ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16",
+                                                "int8", "uint8", "bool", "complex64", "complex128")}
+_OP_NAMES: dict[Any, tuple[str, bool]] = {}  # op overload -> (record name, does its output state its shape)
+
+
+def _op_name(func: Any) -> tuple[str, bool]:
+    info = _OP_NAMES.get(func)
+    if info is None:
+        aliased = any(r.alias_info is not None for r in func._schema.returns)
+        info = _OP_NAMES[func] = (f"{func._schema.name}.{func._overloadname}",
+                                  aliased or func._schema.name.split("::")[-1] in VIEW_OPS)
+    return info
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection inside the block. A record is tens of thousands of small lists,
+    none of them cyclic; every collection that their allocation triggers walks all of torch's objects
+    too (measured: 3 of 15 s of a full grade in the judge)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class RecordTooLarge(Exception):
@@ -57,6 +96,17 @@ class Recorder(TorchDispatchMode):
         self.named: list[list[Any]] = []
         self.marks: dict[str, list[int]] = {}
         self.n_inputs = 0
+
+    def __enter__(self) -> "Recorder":
+        self._gc = paused_gc()
+        self._gc.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._gc.__exit__(None, None, None)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -97,6 +147,12 @@ class Recorder(TorchDispatchMode):
         return ref
 
     def _enc(self, x: Any) -> Any:
+        t = type(x)
+        if t in _PLAIN:
+            return x
+        if t is torch.Tensor:
+            ref = self._refs.get(id(x))
+            return ["$t", ref if ref is not None else self._ref(x)]
         if isinstance(x, torch.Tensor):
             return ["$t", self._ref(x)]
         if isinstance(x, (list, tuple)):
@@ -119,27 +175,33 @@ class Recorder(TorchDispatchMode):
             return float(x)
         return ["$unknown", type(x).__name__]  # the judge refuses the record
 
-    def _enc_out(self, x: Any) -> Any:
+    def _enc_out(self, x: Any, claims: bool = True) -> Any:
         if isinstance(x, torch.Tensor):
             ref = self._refs.get(id(x))
+            if ref is None:
+                ref = self._new_ref(x)
+            if not claims:
+                return ["$t", ref]
             # shape, strides and dtype: the judge bounds views from these before replaying, then checks them
-            return ["$t", ref if ref is not None else self._new_ref(x), list(x.shape), list(x.stride()),
-                    str(x.dtype).removeprefix("torch.")]
+            return ["$t", ref, list(x.shape), list(x.stride()),
+                    _DTYPE_NAMES.get(x.dtype) or str(x.dtype).removeprefix("torch.")]
         if isinstance(x, (list, tuple)):
-            return [self._enc_out(i) for i in x]
+            return [self._enc_out(i, claims) for i in x]
         if type(x) is dict:
-            return {str(k): self._enc_out(v) for k, v in x.items()}
+            return {str(k): self._enc_out(v, claims) for k, v in x.items()}
         return self._enc(x)
 
     # -- recording ----------------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        enc_args, enc_kwargs = self._enc(list(args)), {k: self._enc(v) for k, v in kwargs.items()}
-        out = func(*args, **kwargs)
+        enc = self._enc
+        enc_args = [enc(a) for a in args]
+        enc_kwargs = {k: enc(v) for k, v in kwargs.items()} if kwargs else {}
+        out = func(*args, **(kwargs or {}))
         if len(self.ops) >= MAX_RECORDED_OPS:
             raise RecordTooLarge(f"the call dispatched more than {MAX_RECORDED_OPS:,} torch ops")
-        self.ops.append([f"{func._schema.name}.{func._overloadname}", enc_args, enc_kwargs, self._enc_out(out)])
+        name, claims = _op_name(func)
+        self.ops.append([name, enc_args, enc_kwargs, self._enc_out(out, claims)])
         return out
 
     def trusted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -153,11 +215,16 @@ class Recorder(TorchDispatchMode):
         return wrapper
 
     def record(self, result: Any) -> dict[str, Any]:
-        """The plain-data record (see the module docstring). The op list travels as ONE JSON string
-        (a dtype as ["$dt", name]): tens of thousands of small lists would cost more to tag one by one."""
+        """The plain-data record (see the module docstring). The op list travels as ONE JSON text in a
+        uint8 tensor (a dtype as ["$dt", name]): tens of thousands of small lists would cost more to
+        tag one by one, and a str would be escaped inside the message's own JSON."""
         import json
 
-        return {"inputs": self.n_inputs, "ops": json.dumps(self.ops, separators=(",", ":")),
+        with paused_gc():
+            text = json.dumps(self.ops, separators=(",", ":")).encode()
+        with _disable_current_modes():
+            ops = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        return {"inputs": self.n_inputs, "ops": ops,
                 "constants": self.constants, "named": self.named,
                 "marks": self.marks, "result": self._enc_out(result) if result is not None else None}
 
