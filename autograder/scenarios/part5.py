@@ -1,9 +1,8 @@
 """Part 5 scenarios (run in the worker): drive the committed tiny model with the student's KV cache.
 
-cached_logits and cache_updates RECORD what the student's code does (tracing.Recorder, the model's
-parameters named so that the judge substitutes its own copies); the judge replays the records
-(autograder/engine/replay.py) and grades the replay's logits, FLOPs per call and storages. generate
-returns tokens (values the judge checks) and, for its first prompt, a record the judge replays too.
+cached_logits, generate and cache_updates RECORD what the student's code does (tracing.Recorder, the
+model's parameters named so that the judge substitutes its own copies); the judge replays the records
+(autograder/engine/replay.py) and grades the replay's logits, tokens, FLOPs per call and storages.
 Nothing measured here decides a point.
 """
 from __future__ import annotations
@@ -61,30 +60,24 @@ def cached_logits(student, tokens: torch.Tensor, chunks: list[int], dtype: str =
     return rec.record({"logits": logits, "lengths": lengths})
 
 
-def generate(student, prompts: list[list[int]], max_new_tokens: int, use_cache: bool = True,
-             batched: bool = False, dtype: str = "float32") -> dict[str, Any]:
-    """The student's greedy generate() on each prompt (batch 1 each), or on all prompts at once as
-    one (B, T0) batch when `batched` (then they must have the same length), with the model in
-    `dtype`. Returns {"tokens": token lists, "record": the record of the FIRST generate() call (the
-    judge replays it)}."""
+def generate(student, batches: list[list[list[int]]], max_new_tokens: int, use_cache: bool = True,
+             dtype: str = "float32") -> dict[str, Any]:
+    """The student's greedy generate() on each batch of same-length prompts (one (B, T0) call per
+    batch), the model in `dtype`, recorded as one program (inputs: the batches' token tensors; mark
+    "call" at the start of each call and after the last). The record's result: the returned value of
+    each call (a tensor, or None for anything else). The judge replays it and grades the replay's tokens."""
     kv = student.module("kv_cache")
     model = _model(dtype)
-    groups = [prompts] if batched else [[p] for p in prompts]
-    out: list[list[int]] = []
-    record = None
-    for n, group in enumerate(groups):
-        x = torch.tensor(group, dtype=torch.long)
-        if n == 0:
-            rec = _recorder(model, x)
-            with rec:
-                result = kv.generate(model, x, max_new_tokens, use_cache=use_cache)
-            record = rec.record(result if isinstance(result, torch.Tensor) else None)
-        else:
-            result = kv.generate(model, x, max_new_tokens, use_cache=use_cache)
-        if not isinstance(result, torch.Tensor):
-            return {"tokens": result, "record": None}  # the judge reports the wrong type
-        out.extend(result.tolist())
-    return {"tokens": out, "record": record}
+    xs = [torch.tensor(b, dtype=torch.long) for b in batches]
+    rec = _recorder(model, *xs)
+    results: list[Any] = []
+    with rec:
+        for x in xs:
+            rec.mark("call")
+            out = kv.generate(model, x, max_new_tokens, use_cache=use_cache)
+            results.append(out if isinstance(out, torch.Tensor) else None)
+        rec.mark("call")
+    return rec.record(results)
 
 
 def cache_updates(student, n_layers: int, batch: int, n_heads: int, max_len: int, head_dim: int,

@@ -31,6 +31,7 @@ float64 runs use ATOL64 against the float64 uncached model.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close
 from course import likesworld
-from course.tiny_transformer import TinyTransformer, greedy_generate, load_checkpoint, rope
+from course.tiny_transformer import TinyTransformer, load_checkpoint, rope
 
 from . import probes as pb
 
@@ -295,39 +296,57 @@ def check_cached_logits(student, case: CacheCase) -> None:
     check_call_flops(rp, sizes, max_len, tokens.shape[0], {"tokens": tokens, "chunks": sizes, "dtype": case.dtype})
 
 
+def length_batches(prompts: list[list[int]]) -> list[list[int]]:
+    """Indices of the prompts grouped by length, each group in prompt order, groups in the order of
+    their first prompt: same-length prompts are one (B, T0) batch for generate()."""
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    return list(groups.values())
+
+
+MIN_MARGIN = 1e-3  # a twin batch whose greedy steps have a top-2 logit gap below this is not used
+
+
 @lru_cache(maxsize=None)
-def expected_generations(seed: int, n: int, max_new_tokens: int,
-                         dtype: str = "float32") -> tuple[tuple[int, ...], ...]:
-    """Greedy continuations of the uncached course model in `dtype`, one prompt at a time (batch 1, as
-    the scenario runs the student's)."""
-    prompts = likesworld.make_prompts(n, seed)
-    with one_thread():
-        return tuple(tuple(greedy_generate(model(dtype), torch.tensor([p]), max_new_tokens)[0].tolist())
-                     for p in prompts)
+def greedy_reference(batch: tuple[tuple[int, ...], ...], max_new_tokens: int,
+                     dtype: str = "float32") -> tuple[tuple[tuple[int, ...], ...], float]:
+    """Greedy continuation of the uncached course model (each step recomputes the whole sequence, as
+    course.tiny_transformer.greedy_generate) on one (B, T0) batch, and the smallest gap between the
+    two largest logits over its steps (how far the argmax is from a tie)."""
+    tokens = torch.tensor(batch, dtype=torch.long)
+    gap = math.inf
+    with one_thread(), torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(dtype)(tokens)[:, -1]
+            top = logits.topk(2, dim=-1).values
+            gap = min(gap, float((top[:, 0] - top[:, 1]).min()))
+            tokens = torch.cat([tokens, logits.argmax(-1, keepdim=True)], dim=1)
+    return tuple(tuple(row) for row in tokens.tolist()), gap
 
 
-def check_generate(student, seed: int, n: int = 60, max_new_tokens: int = 8, use_cache: bool = True,
-                   dtype: str = "float32") -> None:
-    """The student's greedy generate() gives the same tokens as the uncached course model on n prompts
-    (the model in `dtype`: a float64 model needs a float64 cache)."""
-    prompts = likesworld.make_prompts(n, seed)
-    extra = {} if dtype == "float32" else {"dtype": dtype}
-    out = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, use_cache=use_cache,
-                           **extra)
-    want = expected_generations(seed, n, max_new_tokens, dtype)
-    what = (f"generate(use_cache={use_cache}) on {n} LikesWorld prompts, {max_new_tokens} new tokens each"
-            + (f", {dtype} model" if dtype != "float32" else ""))
-    got = check_first_generation(student, out, [prompts[0]], [list(want[0])], max_new_tokens, use_cache, what,
-                                 dtype=dtype)
-    check(isinstance(got, list) and len(got) == n, what=what,
-          detail=f"expected a (B, T0 + {max_new_tokens}) long tensor per prompt", hint=HINT_GENERATE)
-    bad = [i for i, (g, w) in enumerate(zip(got, want)) if list(g) != list(w)]
-    if bad:
-        i = bad[0]
-        detail = (f"{n - len(bad)}/{n} identical; prompt {i}: {likesworld.decode(prompts[i])!r} -> expected "
-                  f"{likesworld.decode(want[i][len(prompts[i]):])!r}, got {_words(got[i][len(prompts[i]):])!r}")
-        check(False, what=what, detail=detail,
-              hint=HINT_GENERATE + ("; the cached logits tests say where the cache goes wrong" if use_cache else ""))
+@lru_cache(maxsize=None)
+def twin_prompts(shapes: tuple[tuple[int, int], ...], max_new_tokens: int, dtype: str,
+                 seed: int) -> tuple[tuple[tuple[int, ...], ...], ...] | None:
+    """For the twin replay of generate(): one batch of other LikesWorld token sequences per (B, T0) in
+    `shapes` (prompts of that length first, then the first T0 tokens of longer examples), whose greedy
+    steps are all at least MIN_MARGIN from a tie, so that any correct cache gives the reference's
+    tokens; None if five draws do not give such batches."""
+    for draw in range(1, 6):
+        pool: dict[int, list[tuple[int, ...]]] = {}
+        for p in likesworld.make_prompts(300, seed * 1000 + draw):
+            pool.setdefault(len(p), []).append(tuple(p))
+        examples = [e.tokens for e in likesworld.examples("test", 300, seed=seed * 1000 + draw)]
+        batches = []
+        for b, t0 in shapes:
+            rows = pool.get(t0, []) + [tuple(e[:t0]) for e in examples if len(e) > t0]
+            if len(rows) < b:
+                break
+            batches.append(tuple(rows[:b]))
+        else:
+            if all(greedy_reference(batch, max_new_tokens, dtype)[1] >= MIN_MARGIN for batch in batches):
+                return tuple(batches)
+    return None
 
 
 def generate_flops_bound(prompt_len: int, batch: int, max_new_tokens: int) -> int:
@@ -337,28 +356,72 @@ def generate_flops_bound(prompt_len: int, batch: int, max_new_tokens: int) -> in
     return call_flops_bound(prompt_len, max_len, batch) + (max_new_tokens - 1) * call_flops_bound(1, max_len, batch)
 
 
-def check_first_generation(student, out: Any, prompts: list[list[int]], want: list[list[int]], max_new_tokens: int,
-                           use_cache: bool, what: str, dtype: str = "float32") -> Any:
-    """The scenario's record of the first generate() call, replayed by the judge: its tokens are the
-    expected ones and, with the cache, its matmul FLOPs stay within generate_flops_bound (no recompute).
-    Returns the token lists of every prompt (values the judge compares with its own generations)."""
-    check(type(out) is dict and "tokens" in out, what=what, detail="the scenario returned an unexpected value",
-          hint=HINT_GENERATE)
-    if out.get("record") is None:
-        return out["tokens"]
-    x = torch.tensor(prompts, dtype=torch.long)
+def replayed_generations(student, prompts: list[list[int]], groups: list[list[int]], max_new_tokens: int,
+                         use_cache: bool, what: str, dtype: str = "float32",
+                         twin_seed: int = 0) -> tuple[list[list[list[int]]], list[list[list[int]]]]:
+    """generate() on each group of same-length prompts (one (B, T0) call per group), recorded in the
+    worker as ONE program and replayed by the judge: every token graded is the judge's replay's, and
+    with the cache every call's matmul FLOPs stay within generate_flops_bound (no recompute). A twin
+    replay on other prompts of the same shapes must give the reference's tokens for THOSE prompts.
+    Returns (the replay's token rows, the reference's token rows), per group."""
+    batches = [[prompts[i] for i in g] for g in groups]
+    xs = tuple(torch.tensor(b, dtype=torch.long) for b in batches)
+    record = student.scenario("part5.generate", batches=batches, max_new_tokens=max_new_tokens, use_cache=use_cache,
+                              dtype=dtype)
+    want = [torch.tensor(greedy_reference(tuple(map(tuple, b)), max_new_tokens, dtype)[0]) for b in batches]
+    twin = twin_prompts(tuple(tuple(x.shape) for x in xs), max_new_tokens, dtype, twin_seed)
+    twin_kw: dict[str, Any] = {}
+    if twin is not None:
+        twin_want = [torch.tensor(greedy_reference(b, max_new_tokens, dtype)[0]) for b in twin]
+        twin_kw = dict(reference=lambda *_: twin_want, main_reference=lambda *_: want,
+                       twin_inputs=(tuple(torch.tensor(b, dtype=torch.long) for b in twin), {}))
     with one_thread():
-        rp, _, _ = replay.replay_record(student, out["record"], "generate", (x,), {}, seed=None,
-                                        named=named_weights(model(dtype)))
-    replayed = rp.result.tolist() if type(rp.result) is torch.Tensor else rp.result
-    check(replayed == want, what=what + " (the judge's replay of the first call)",
-          detail=f"the replay gives {replayed!r:.300}", hint=HINT_GENERATE)
-    if use_cache:
-        most = generate_flops_bound(len(prompts[0]), len(prompts), max_new_tokens)
-        check(rp.matmul_flops <= most, what=what + ": the cache is used (no recompute of earlier tokens)",
-              detail=f"{rp.matmul_flops:,} matmul FLOPs for the first prompt; a cached generate needs at most "
-                     f"{most:,}", hint=HINT_RECOMPUTE)
-    return out["tokens"]
+        rp, _, _ = replay.replay_record(student, record, "generate", xs, {}, seed=None,
+                                        named=named_weights(model(dtype)), **twin_kw)
+    res = rp.result
+    check(type(res) is list and len(res) == len(batches), what=what,
+          detail=f"the replay returned {type(res).__name__}, expected one result per generate() call",
+          hint=HINT_GENERATE)
+    marks = rp.marks.get("call", [])
+    for n, (x, got) in enumerate(zip(xs, res)):
+        b, t0 = x.shape
+        check(type(got) is torch.Tensor and got.dtype == torch.long and tuple(got.shape) == (b, t0 + max_new_tokens),
+              what=f"{what}: generate() returns the prompt and its continuation",
+              detail=f"expected a ({b}, {t0} + {max_new_tokens}) long tensor for a batch of {b} prompts of {t0} tokens, "
+                     f"got {_describe(got)}", hint=HINT_GENERATE)
+        if use_cache and len(marks) == len(batches) + 1:
+            most = generate_flops_bound(t0, b, max_new_tokens)
+            used = rp.flops_between(marks[n], marks[n + 1])
+            check(used <= most, what=what + ": the cache is used (no recompute of earlier tokens)",
+                  detail=f"{used:,} matmul FLOPs for a batch of {b} prompts of {t0} tokens; a cached generate needs "
+                         f"at most {most:,}", hint=HINT_RECOMPUTE)
+    return [r.tolist() for r in res], [w.tolist() for w in want]
+
+
+def _describe(x: Any) -> str:
+    if type(x) is torch.Tensor:
+        return f"a {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')} tensor"
+    return "None (not a tensor)" if x is None else type(x).__name__
+
+
+def check_generate(student, seed: int, n: int = 60, max_new_tokens: int = 8, use_cache: bool = True,
+                   dtype: str = "float32") -> None:
+    """The student's greedy generate() gives the same tokens as the uncached course model on n prompts
+    (the model in `dtype`: a float64 model needs a float64 cache), one batch per prompt length."""
+    prompts = likesworld.make_prompts(n, seed)
+    groups = length_batches(prompts)
+    what = (f"generate(use_cache={use_cache}) on {n} LikesWorld prompts ({len(groups)} batches of equal length), "
+            f"{max_new_tokens} new tokens each" + (f", {dtype} model" if dtype != "float32" else ""))
+    got, want = replayed_generations(student, prompts, groups, max_new_tokens, use_cache, what, dtype, twin_seed=seed)
+    rows_got = {i: row for g, rows in zip(groups, got) for i, row in zip(g, rows)}
+    rows_want = {i: row for g, rows in zip(groups, want) for i, row in zip(g, rows)}
+    bad = [i for i in range(n) if rows_got[i] != rows_want[i]]
+    if bad:
+        i = bad[0]
+        detail = (f"{n - len(bad)}/{n} identical; prompt {i}: {likesworld.decode(prompts[i])!r} -> expected "
+                  f"{likesworld.decode(rows_want[i][len(prompts[i]):])!r}, got {_words(rows_got[i][len(prompts[i]):])!r}")
+        check(False, what=what, detail=detail,
+              hint=HINT_GENERATE + ("; the cached logits tests say where the cache goes wrong" if use_cache else ""))
 
 
 def _words(ids: Any) -> str:
@@ -372,13 +435,10 @@ def check_generate_batched(student, seed: int, batch: int, max_new_tokens: int =
     """generate() on a (B, T0) batch of same-length prompts equals the uncached model row by row."""
     tokens = example_tokens(seed, batch, min_len=12)[:, :12]
     prompts = tokens.tolist()
-    out = student.scenario("part5.generate", prompts=prompts, max_new_tokens=max_new_tokens, batched=True)
-    with one_thread():
-        want = greedy_generate(model("float32"), tokens, max_new_tokens).tolist()
-    got = check_first_generation(student, out, prompts, want, max_new_tokens, True,
-                                 f"generate on a batch of {batch} prompts")
-    check(got == want, what=f"generate on a batch of {batch} prompts of 12 tokens, {max_new_tokens} new tokens",
-          detail=f"expected {want}, got {got}" if isinstance(got, list) and len(str(got)) < 400 else "",
+    what = f"generate on a batch of {batch} prompts of 12 tokens, {max_new_tokens} new tokens"
+    (got,), (want,) = replayed_generations(student, prompts, [list(range(batch))], max_new_tokens, True, what,
+                                           twin_seed=seed)
+    check(got == want, what=what, detail=f"expected {want}, got {got}" if len(str(got)) < 400 else "",
           hint=HINT_GENERATE)
 
 
