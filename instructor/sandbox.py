@@ -511,8 +511,9 @@ print("SANDBOX-OK" if not bad else "SANDBOX-BAD " + "; ".join(bad), fork, memfd,
 def _run_probe(box: Sandbox, probe_dir: Path) -> tuple[bool, str]:
     """Start the self-test through the box, with the paths a worker gets (this interpreter's, through
     their unresolved spellings too), and check each promise of the mode."""
-    paths = [str(probe_dir), str(ROOT / "course"), str(ROOT / "autograder" / "scenarios"), str(ENGINE_DIR),
-             sys.base_prefix, sys.prefix, *_site_dirs()]
+    from autograder.engine.paths import worker_trees
+
+    paths = [str(probe_dir), *map(str, worker_trees(ROOT)), sys.base_prefix, sys.prefix, *_site_dirs()]
     if box.kind == "uid":
         cfg = box.confinement(paths)
         argv = [sys.executable, "-I", "-S", str(CONFINE), json.dumps(cfg)]

@@ -272,3 +272,117 @@ def test_the_classroom_workflow_reports_points_per_part_and_its_commands_run(rel
     r = subprocess.run(tests[0]["with"]["command"], shell=True, cwd=work, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]  # part 1 passes: its 15 points
+
+
+# ---------------------------------------------------------------------------------------------------
+# No working ⊕ ships: the judge-side part-1 code must not hand students merge_summary / merge_partial.
+
+SHIPPED_JUDGE_MODULES = ("autograder.tests.cases_part1", "autograder.tests.probes", "autograder.tests.diagnose")
+
+
+class _Direct:
+    """A `student` whose graded function is `fn` (called in this process, through the grader's plain-data
+    encoding as between judge and worker); enough for the part-1 merge checks and their probes."""
+
+    part, hidden, test_set = 1, False, "public"
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def with_timeout(self, seconds: float) -> "_Direct":
+        return self
+
+    def function(self, target: str):
+        return self.fn
+
+    def call(self, target: str, *args, **kwargs):
+        from autograder.debug import LocalStudent
+
+        return LocalStudent._plain(self.fn(*LocalStudent._plain(args, target)), target)
+
+    def scenario(self, target: str, **kwargs):
+        import importlib
+
+        from autograder.debug import LocalStudent
+
+        module, _, name = target.rpartition(".")
+        fn = getattr(importlib.import_module(f"autograder.scenarios.{module}"), name)
+        return LocalStudent._plain(fn(self, **LocalStudent._plain(kwargs, target)), target)
+
+
+def _as_merge(candidate):
+    """candidate(a, b) with its tensors cast to the inputs' dtype (the one-line fix a student would add)."""
+    import torch
+
+    def merge(a, b):
+        out = candidate(a, b)
+        dt = a[0].dtype
+        return type(out)(t.to(dt) if isinstance(t, torch.Tensor) else t for t in out) \
+            if type(out) in (tuple, list) else out
+    return merge
+
+
+def _merge_cases_passed(fn) -> tuple[list[str], int]:
+    """The part-1 merge cases (public and hidden merge_summary and merge_partial cases with two non-empty
+    sides, the algebra on fixed score batches) that `fn` in the place of merge_summary / merge_partial passes, and how many there are."""
+    import torch
+
+    from autograder.tests import cases_part1 as C
+    from autograder.tests import test_part1_online_softmax as public
+    from instructor.hidden_tests import part1_online_softmax as hidden
+
+    student = _Direct(_as_merge(fn))
+    g = torch.Generator().manual_seed(0)
+    scores = [(torch.rand(16, C.ROW_MAX, generator=g, dtype=torch.float64) * 120 - 60) for _ in range(3)]
+    scores[1][::5] = float("-inf")  # empty rows
+    # an empty side is excluded: there a ⊕ is its other argument, which any pass-through returns
+    split = [c for c in [*public.MERGES, *hidden.MERGES] if 0 < c.split < c.rows.shape[-1]]
+    checks = [(f"{check.__name__}[{case}]", lambda check=check, case=case: check(student, case))
+              for case in split for check in (C.check_merge_summary, C.check_merge_partial)]
+    checks.append(("check_algebra", lambda: C.check_algebra(student, *scores)))
+    passed = []
+    for name, run in checks:
+        try:
+            run()
+        except Exception:  # noqa: BLE001 -- a CheckFailure, or the candidate cannot take (a, b) at all
+            continue
+        passed.append(name)
+    return passed, len(checks)
+
+
+def _two_argument_functions(module) -> list:
+    """Every function defined in `module` (public or not: students can import either) that accepts two
+    positional arguments."""
+    import inspect
+
+    found = []
+    for name, obj in vars(module).items():
+        if inspect.isfunction(obj) and obj.__module__ == module.__name__:
+            try:
+                inspect.signature(obj).bind(None, None)
+            except TypeError:
+                continue
+            found.append(obj)
+    return found
+
+
+def test_no_shipped_judge_function_is_a_working_merge():
+    """Put each two-argument function of the shipped part-1 cases, probes and diagnosis in the place of
+    merge_summary / merge_partial: none may pass a single merge case (the checks' expected values come
+    from the scores, not from a ⊕). The solutions' ⊕ passes them all, so the harness can tell."""
+    import importlib
+
+    from solutions import online_softmax as sol
+
+    passed, n = _merge_cases_passed(lambda a, b: sol.merge_partial(a, b) if len(a) == 3 else sol.merge_summary(a, b))
+    assert len(passed) == n > 10, "the harness passes a correct ⊕ on every merge case"
+    assert _merge_cases_passed(lambda a, b: a)[0] == [], "and fails a wrong one"
+    scoring = {}
+    for module in map(importlib.import_module, SHIPPED_JUDGE_MODULES):
+        functions = _two_argument_functions(module)
+        assert functions or module.__name__.endswith("diagnose"), module.__name__
+        for fn in functions:
+            passed, _ = _merge_cases_passed(fn)
+            if passed:
+                scoring[f"{module.__name__}.{fn.__name__}"] = passed
+    assert not scoring, f"shipped judge code computes a working ⊕ (students can import it): {scoring}"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import protocol
 from .limits import Limits
-from .paths import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT
+from .paths import ENGINE_DIR, REPO_ROOT, worker_trees
 
 if TYPE_CHECKING:
     from .submission import SubmissionCopy
@@ -151,15 +151,19 @@ def _worker_env(root: Path, threads: int) -> dict:
 
 
 def write_lib(lib_dir: Path, extra: Sequence[str] = ()) -> None:
-    """A private import root: the worker's own code, and links to course and autograder.scenarios."""
+    """A private import root: the worker's own code (copied from the engine), and links to the other
+    worker trees (paths.WORKER_TREES: course, autograder.scenarios)."""
     eng = lib_dir / "autograder" / "engine"
     eng.mkdir(parents=True)
     (lib_dir / "autograder" / "__init__.py").write_text("")
     (eng / "__init__.py").write_text("")
     for name in ("protocol.py", "worker.py", "confine.py", *extra):
         shutil.copyfile(ENGINE_DIR / name, eng / name)
-    os.symlink(AUTOGRADER_DIR / "scenarios", lib_dir / "autograder" / "scenarios")
-    os.symlink(REPO_ROOT / "course", lib_dir / "course")
+    for tree in worker_trees():
+        if tree != ENGINE_DIR:
+            link = lib_dir / tree.relative_to(REPO_ROOT)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(tree, link)
 
 
 class Zygote:
@@ -471,10 +475,9 @@ class Worker:
 
 
 def _worker_paths(sub: "SubmissionCopy") -> list[str]:
-    """What a sandboxed worker reads: its submission copy, the course package, the scenarios, the
-    engine's worker files, the interpreter and its packages."""
-    return [str(sub.root), str(REPO_ROOT / "course"), str(AUTOGRADER_DIR / "scenarios"), str(ENGINE_DIR),
-            sys.prefix, sys.base_prefix, *_site_dirs()]
+    """What a sandboxed worker reads: its submission copy, the worker trees (paths.WORKER_TREES: the
+    course package, the scenarios, the engine's worker files), the interpreter and its packages."""
+    return [str(sub.root), *map(str, worker_trees()), sys.prefix, sys.base_prefix, *_site_dirs()]
 
 
 def _forkable(prefix: WorkerPrefix) -> bool:

@@ -23,8 +23,24 @@ u = eps/2 is the unit roundoff of the result's dtype (float32: 6.0e-8, float64: 
    (a maximum) is exact: atol = rtol = 0.
 5. ⊕ of two summaries: 2 exps, 2 products and 1 sum of positive terms; the rounding of m_a - m adds at
    most u·|Δ|·e^(-Δ) <= u/e relative. MERGE_RTOL = 64·eps on ℓ, and for o (mixed signs) the same bound
-   on the absolute error scaled by max(|o_a|·α + |o_b|·β). Associativity compares two groupings:
-   2 × MERGE_RTOL.
+   on the absolute error scaled by max(|o_a|·α + |o_b|·β) (α = e^(m_a−m), β = e^(m_b−m)). Per ⊕ of
+   a chain: each ⊕ is a positive combination of its inputs, so relative errors add.
+5b. ⊕ against the DATA (part 1's merge checks; the judge holds no ⊕): the judge summarises the
+   segments x[..., :s], x[..., s:] of dtype-representable scores in float64 and rounds each (m, ℓ)
+   or (m, ℓ, o) to dtype; the expected value is the float64 summary of the whole rows (k ⊕ of k + 1
+   segments: the summary of their concatenation).
+   m: a maximum of representable values is exact, and max(m_a, m_b) is the max of the whole row:
+   atol = rtol = 0.
+   ℓ: the exact ⊕ of the given inputs is ℓ_a·α + ℓ_b·β with α, β exact functions of exact maxima,
+   positive terms. One rounding of each of ℓ_a, ℓ_b (<= u relative) moves it by <= u·ℓ; each float64
+   summary the judge made (every segment, and the whole row) is within rule 4's summary_rtol(n,
+   float64) of its exact value, which moves the comparison by <= 2·summary_rtol(n, float64)·ℓ (the
+   segments' errors enter as a positive combination, the whole row's directly); the student's k ⊕s
+   add k·MERGE_RTOL (rule 5). merge_data_rtol(n, dtype, k) = k·MERGE_EPS·eps + u + 2·summary_rtol(n,
+   float64), n the columns of the whole rows.
+   o (mixed signs): the same factor as an absolute bound, scaled by max Σ_j e^(x_j−m)·|v_j| over the
+   whole rows (merge_data_scale): it bounds |o_a|·α + |o_b|·β (rule 5's scale), the roundings
+   u·(|o_a|·α + |o_b|·β), and the float64 sums' errors, which are relative to Σ p_j·|v_j|, not to |o|.
 6. combine_partials against dense attention over the whole key range, given partials rounded to
    dtype (combine_bounds): lse_s carries u·|lse_s| from its rounding, logsumexp over S terms adds
    (S + 3)·u·max(1, |lse|); o_s carries u·|o_s| and its weight exp(lse_s - lse) the errors of lse_s and
@@ -75,6 +91,23 @@ def summary_rtol(n: int, dtype: torch.dtype) -> float:
 def merge_rtol(dtype: torch.dtype) -> float:
     """Rule 5: relative bound on ℓ (and scaled-absolute on o) of one ⊕."""
     return MERGE_EPS * eps(dtype)
+
+
+def merge_data_rtol(n: int, dtype: torch.dtype, merges: int = 1) -> float:
+    """Rule 5b: relative bound on ℓ of `merges` ⊕s of judge-made summaries (rounded to dtype) of
+    segments of rows of n scores, against the float64 summary of the whole rows."""
+    return merges * merge_rtol(dtype) + eps(dtype) / 2 + 2 * summary_rtol(n, torch.float64)
+
+
+def merge_data_scale(x: torch.Tensor, v: torch.Tensor) -> float:
+    """Rule 5b: the scale of o's absolute bound, max Σ_j e^(x_j - m)·|v_j| over the rows of x (..., n)
+    with values v (..., n, dv) (0 for no rows or only empty rows), computed from the data."""
+    if x.numel() == 0 or x.shape[-1] == 0:
+        return 0.0
+    x, v = x.double(), v.double()
+    m = x.amax(dim=-1, keepdim=True)
+    p = torch.exp(x - torch.where(torch.isneginf(m), torch.zeros_like(m), m))
+    return float((p.unsqueeze(-1) * v.abs()).sum(dim=-2).max())
 
 
 def plain_bound(plain_err: float, factor: float, dtype: torch.dtype) -> float:

@@ -4,7 +4,8 @@ Checked three ways:
 (a) against float64 references computed here in the judge (torch.softmax / torch.logsumexp math
     on the same values), with the tolerance policy of autograder/README.md;
 (b) conventions: ⊕ has the identity (-inf, 0, 0); two empty sides give no NaN; ⊕ is commutative and
-    associative (hypothesis draws the summaries, the student merges them); rows scaled ×40 or
+    associative (hypothesis draws rows of scores, the judge summarises them, the student merges the
+    summaries, in both orders and both groupings); rows scaled ×40 or
     shifted by +1000 do not overflow in the safe and online softmax; an all -inf row gives zeros;
 (c) counters, judge-side: the *_counted softmaxes read their input 2 / 3 / 2 times, counted BY THE
     JUDGE as the input elements it had to deliver (the values stay in the judge; the worker's counter
@@ -24,8 +25,15 @@ here may sum sequentially, so part 1 uses rigorous rounding bounds instead, and 
   term and each rebase ~2u, so |Δℓ|/ℓ <= 4(n+2)·u; we allow 4(n+2)·eps = 8(n+2)·u (u = eps/2).
   The known bug (no rescale) is off by a factor exp(m_old - m_new), i.e. O(1).
 - ⊕ of two summaries is 2 exps, 2 products and 1 sum of positive terms; the rounding of m_a - m
-  adds at most u·|Δ|·e^Δ <= u/e relative. We allow 64·eps relative on ℓ; for o (mixed signs) the
-  same bound on the absolute error scaled by max(|o_a|·α + |o_b|·β).
+  adds at most u·|Δ|·e^Δ <= u/e relative: 64·eps relative on ℓ per ⊕ (tolerances rule 5).
+- The judge holds no ⊕: every merge check takes its expected value from the scores. The segments
+  a, b are the judge's float64 summaries of x[..., :s] and x[..., s:] (rounded to the case dtype),
+  and a ⊕ b must be the float64 summary of the whole rows x. m is exact (a max of representable
+  values). ℓ: tolerances.merge_data_rtol = 64·eps per ⊕ + u for the one rounding of each of ℓ_a, ℓ_b
+  (⊕ is a positive combination, so it moves the result by <= u·ℓ) + 2·summary_rtol(n, float64) for
+  the judge's float64 sums (the segments' and the whole row's). o (mixed signs): the same factor as
+  an absolute bound, scaled by max Σ_j exp(x_j - m)·|v_j| of the whole rows (tolerances rule 5b).
+  The twin replay's inputs are summaries of other scores, its reference their whole rows' summary.
 """
 from __future__ import annotations
 
@@ -181,49 +189,67 @@ def ref_softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.where(empty, torch.zeros_like(x), torch.softmax(x, dim=-1))
 
 
-def merge_ref(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """⊕ in float64 on the given (already rounded) values: (m, ℓ) or (m, ℓ, o)."""
-    a = [t.to(torch.float64) for t in a]
-    b = [t.to(torch.float64) for t in b]
-    m = torch.maximum(a[0], b[0])
-    base = _safe_max(m)
-    alpha, beta = torch.exp(a[0] - base), torch.exp(b[0] - base)
-    out = [m, a[1] * alpha + b[1] * beta]
-    if len(a) == 3:
-        out.append(a[2] * alpha.unsqueeze(-1) + b[2] * beta.unsqueeze(-1))
-    return tuple(out)
-
-
-def _segments(case: MergeCase, with_v: bool) -> tuple[tuple, tuple, dict]:
+def case_data(case: MergeCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scores x (..., N) of the case (dtype-representable, in float64) and values v (..., N, dv)."""
     rc = case.rows
     x = rc.x64()
-    n = x.shape[-1]
-    s = max(0, min(case.split, n))
     g = torch.Generator().manual_seed(rc.seed + 1000)
-    v = torch.randn(*x.shape, case.dv, generator=g, dtype=torch.float64)
-    dt = rc.torch_dtype
-    if with_v:
-        a = ref_partial(x[..., :s], v[..., :s, :])
-        b = ref_partial(x[..., s:], v[..., s:, :])
-    else:
-        a, b = ref_summary(x[..., :s]), ref_summary(x[..., s:])
-    a = tuple(t.to(dt) for t in a)
-    b = tuple(t.to(dt) for t in b)
+    return x, torch.randn(*x.shape, case.dv, generator=g, dtype=torch.float64)
+
+
+def twin_data(x: torch.Tensor, v: torch.Tensor | None, dtype: torch.dtype, seed: int) -> tuple:
+    """Other scores (and values) for a twin replay: x and v moved by up to 5 % (replay.perturbed: same
+    shapes, same -inf entries), the scores still representable in dtype."""
+    xt = replay.perturbed(x.to(dtype), seed).double()
+    return xt, (None if v is None else replay.perturbed(v, seed + 1))
+
+
+def summarise(x: torch.Tensor, v: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The judge's summary (m, ℓ) (or (m, ℓ, o) with v) of the rows x, computed in float64 from the
+    scores and rounded to dtype: what a segment's summary looks like to the student."""
+    out = ref_summary(x) if v is None else ref_partial(x, v)
+    return tuple(t.to(dtype) for t in out)
+
+
+def split_summaries(x: torch.Tensor, v: torch.Tensor | None, split: int, dtype: torch.dtype) -> tuple[tuple, tuple]:
+    """(a, b): the summaries of the segments x[..., :split] and x[..., split:], rounded to dtype."""
+    s = max(0, min(split, x.shape[-1]))
+    if v is None:
+        return summarise(x[..., :s], None, dtype), summarise(x[..., s:], None, dtype)
+    return summarise(x[..., :s], v[..., :s, :], dtype), summarise(x[..., s:], v[..., s:, :], dtype)
+
+
+def whole(x: torch.Tensor, v: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """The float64 summary of the whole rows: the expected ⊕ of the summaries of any split of them."""
+    return ref_summary(x) if v is None else ref_partial(x, v)
+
+
+def _shown(a: tuple, b: tuple) -> dict[str, torch.Tensor]:
     shown = {"m_a": a[0], "l_a": a[1], "m_b": b[0], "l_b": b[1]}
-    if with_v:
+    if len(a) == 3:
         shown.update(o_a=a[2], o_b=b[2])
-    return a, b, shown
+    return shown
 
 
 # ---------------------------------------------------------------------------------------------
 # the student's calls, replayed by the judge
 
 
-def replayed(student, fn: str, args: tuple, reference, seed: int = 1) -> Any:
+def replayed(student, fn: str, args: tuple, reference, seed: int = 1, **twin: Any) -> Any:
     """online_softmax.<fn>(*args) recorded in the worker and replayed by the judge: the replay's result.
-    `reference(*judge_args)` is the float64 answer, which the twin replay must match on its inputs."""
-    rp, _, _ = replay.call(student, f"{FN}.{fn}", tuple(args), seed=seed, reference=reference)
+    `reference(*judge_args)` is the float64 answer, which the twin replay must match on its inputs.
+    twin: replay.call's twin_inputs= (the twin's (args, kwargs)) and main_reference= (the answer on the
+    judge's copy of args, default `reference`)."""
+    rp, _, _ = replay.call(student, f"{FN}.{fn}", tuple(args), seed=seed, reference=reference, **twin)
     return rp.result
+
+
+def replayed_merge(student, fn: str, args: tuple, want: tuple, twin_args: tuple, twin_want: tuple) -> Any:
+    """merge_summary / merge_partial replayed: the twin replay runs on `twin_args` (summaries of other
+    scores) and must give `twin_want` (the summary of their whole rows); `want` is the answer on args.
+    Both answers come from the scores, so neither reference is a ⊕ (they ignore their arguments)."""
+    return replayed(student, fn, args, lambda *_: twin_want, twin_inputs=(tuple(twin_args), {}),
+                    main_reference=lambda *_: want)
 
 
 def _ref64(fn):
@@ -297,110 +323,147 @@ def check_summary(student, case: RowsCase) -> None:
                     atol=0.0, rtol=tol.summary_rtol(n, x.dtype), hint=HINTS["summary_l"], dtype=x.dtype)
 
 
-def check_merge_summary(student, case: MergeCase) -> None:
-    a, b, shown = _segments(case, with_v=False)
+def _merge_case(case: MergeCase, with_v: bool):
+    """The case's segments (a, b), the expected ⊕ (the whole rows' summary), and a twin's (args, answer)."""
     dt = case.rows.torch_dtype
-    m, l = unpack(replayed(student, "merge_summary", (a, b), merge_ref), 2, what="merge_summary(a, b) returns (m, ℓ)",
-                  hint=HINTS["merge"])
-    m_ref, l_ref = merge_ref(a, b)
+    x, v = case_data(case)
+    v = v if with_v else None
+    a, b = split_summaries(x, v, case.split, dt)
+    xt, vt = twin_data(x, v, dt, seed=case.rows.seed + 2000)
+    return x, v, (a, b), whole(x, v), (split_summaries(xt, vt, case.split, dt), whole(xt, vt))
+
+
+def check_merge_summary(student, case: MergeCase) -> None:
+    """a ⊕ b of the summaries of x[..., :s] and x[..., s:] against the summary of the whole rows x."""
+    x, _, (a, b), (m_ref, l_ref), (twin_args, twin_want) = _merge_case(case, with_v=False)
+    dt, shown = case.rows.torch_dtype, _shown(a, b)
+    m, l = unpack(replayed_merge(student, "merge_summary", (a, b), (m_ref, l_ref), twin_args, twin_want), 2,
+                  what="merge_summary(a, b) returns (m, ℓ)", hint=HINTS["merge"])
     empty = bool((torch.isneginf(a[0]) & torch.isneginf(b[0])).any())
     hint = HINTS["identity"] if empty else HINTS["merge"]
     with probed(lambda: pb.merge_ladder(student, "merge_summary")):
         check_close(m, m_ref, what="m of merge_summary(a, b) = max(m_a, m_b)", inputs=shown, atol=0.0, rtol=0.0,
                     hint=hint, dtype=dt)
-        check_close(l, l_ref, what="ℓ of merge_summary(a, b) against float64 ⊕", inputs=shown, atol=0.0,
-                    rtol=tol.merge_rtol(dt), hint=hint, dtype=dt)
+        check_close(l, l_ref, what="ℓ of merge_summary(a, b) against the float64 summary of both segments' scores",
+                    inputs=shown, atol=0.0, rtol=tol.merge_data_rtol(x.shape[-1], dt), hint=hint, dtype=dt)
 
 
 def check_merge_partial(student, case: MergeCase) -> None:
-    a, b, shown = _segments(case, with_v=True)
-    dt = case.rows.torch_dtype
-    m, l, o = unpack(replayed(student, "merge_partial", (a, b), merge_ref), 3, what="merge_partial(a, b) returns (m, ℓ, o)",
-                     hint=HINTS["merge_partial"])
-    m_ref, l_ref, o_ref = merge_ref(a, b)
+    """a ⊕ b of the (m, ℓ, o) of two key segments against the (m, ℓ, o) of all the keys at once."""
+    x, v, (a, b), (m_ref, l_ref, o_ref), (twin_args, twin_want) = _merge_case(case, with_v=True)
+    dt, shown = case.rows.torch_dtype, _shown(a, b)
+    m, l, o = unpack(replayed_merge(student, "merge_partial", (a, b), (m_ref, l_ref, o_ref), twin_args, twin_want), 3,
+                     what="merge_partial(a, b) returns (m, ℓ, o)", hint=HINTS["merge_partial"])
     empty = bool((torch.isneginf(a[0]) & torch.isneginf(b[0])).any())
     hint = HINTS["identity"] if empty else HINTS["merge_partial"]
+    rtol = tol.merge_data_rtol(x.shape[-1], dt)
     with probed(lambda: pb.merge_ladder(student, "merge_partial")):
         check_close(m, m_ref, what="m of merge_partial(a, b) = max(m_a, m_b)", inputs=shown, atol=0.0, rtol=0.0,
                     hint=hint, dtype=dt)
-        check_close(l, l_ref, what="ℓ of merge_partial(a, b) against float64 ⊕", inputs=shown, atol=0.0,
-                    rtol=tol.merge_rtol(dt), hint=hint, dtype=dt)
-    base = _safe_max(m_ref)
-    scale = (a[2].double().abs() * torch.exp(a[0].double() - base).unsqueeze(-1)
-             + b[2].double().abs() * torch.exp(b[0].double() - base).unsqueeze(-1))
-    bound = tol.merge_rtol(dt) * float(scale.max()) if scale.numel() else 0.0
+        check_close(l, l_ref, what="ℓ of merge_partial(a, b) against the float64 summary of both segments' scores",
+                    inputs=shown, atol=0.0, rtol=rtol, hint=hint, dtype=dt)
     with probed(lambda: pb.merge_ladder(student, "merge_partial")):
-        check_close(o, o_ref, what="o of merge_partial(a, b) against float64 ⊕ (o unnormalised)", inputs=shown,
-                    atol=bound, rtol=0.0, hint=hint, dtype=dt)
+        check_close(o, o_ref, what="o of merge_partial(a, b) against float64 Σ_j exp(x_j - m) v_j over both segments "
+                                   "(o unnormalised)", inputs=shown, atol=rtol * tol.merge_data_scale(x, v), rtol=0.0,
+                    hint=hint, dtype=dt)
 
 
 # ---------------------------------------------------------------------------------------------
 # checks: (b) conventions
 
 
-def check_identity(student, dtype: str, lead: tuple[int, ...] = (5,), seed: int = 0) -> None:
-    """a ⊕ (-inf, 0) = a = (-inf, 0) ⊕ a, and (-inf, 0) ⊕ (-inf, 0) = (-inf, 0) with no NaN (also with o)."""
-    dt = DTYPES[dtype]
+def _operand(lead: tuple[int, ...], dt: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A non-empty (m, ℓ, o) in dtype: m of either sign, ℓ in [1, 51], o of mixed signs."""
     g = torch.Generator().manual_seed(seed)
     m = (torch.randn(lead, generator=g, dtype=torch.float64) * 5).to(dt)
     l = (1 + torch.rand(lead, generator=g, dtype=torch.float64) * 50).to(dt)
-    o = torch.randn(*lead, 4, generator=g, dtype=torch.float64).to(dt)
+    return m, l, torch.randn(*lead, 4, generator=g, dtype=torch.float64).to(dt)
+
+
+def check_identity(student, dtype: str, lead: tuple[int, ...] = (5,), seed: int = 0) -> None:
+    """a ⊕ (-inf, 0) = a = (-inf, 0) ⊕ a, and (-inf, 0) ⊕ (-inf, 0) = (-inf, 0) with no NaN (also with o).
+    The expected value is the non-identity operand itself (no ⊕ computed here); the twin replay runs on
+    another operand with the identity in the same place, and must give that operand."""
+    dt = DTYPES[dtype]
+    m, l, o = _operand(lead, dt, seed)
+    mt, lt, ot = _operand(lead, dt, seed + 1)
     ident = (torch.full(lead, NEG_INF, dtype=dt), torch.zeros(lead, dtype=dt))
     ident_o = (*ident, torch.zeros(*lead, 4, dtype=dt))
     shown = {"m": m, "l": l}
-    for what, left, right, want in (
-        ("a ⊕ (-inf, 0) = a", (m, l), ident, (m, l)),
-        ("(-inf, 0) ⊕ a = a", ident, (m, l), (m, l)),
-        ("(-inf, 0) ⊕ (-inf, 0) = (-inf, 0), no NaN", ident, ident, ident),
+    for what, left, right, want, twin in (
+        ("a ⊕ (-inf, 0) = a", (m, l), ident, (m, l), ((mt, lt), ident, (mt, lt))),
+        ("(-inf, 0) ⊕ a = a", ident, (m, l), (m, l), (ident, (mt, lt), (mt, lt))),
+        ("(-inf, 0) ⊕ (-inf, 0) = (-inf, 0), no NaN", ident, ident, ident, (ident, ident, ident)),
     ):
-        got = unpack(replayed(student, "merge_summary", (left, right), merge_ref), 2, what=f"merge_summary: {what}",
-                     hint=HINTS["identity"])
-        for name, g_t, w_t in zip("mℓ", got, want):
-            check_close(g_t, w_t.double(), what=f"{name} of merge_summary: {what}", inputs=shown, atol=0.0,
+        want64 = tuple(t.double() for t in want)
+        got = unpack(replayed_merge(student, "merge_summary", (left, right), want64, twin[:2],
+                                    tuple(t.double() for t in twin[2])), 2,
+                     what=f"merge_summary: {what}", hint=HINTS["identity"])
+        for name, g_t, w_t in zip("mℓ", got, want64):
+            check_close(g_t, w_t, what=f"{name} of merge_summary: {what}", inputs=shown, atol=0.0,
                         rtol=tol.IDENTITY_EPS * eps(dt), hint=HINTS["identity"], dtype=dt)
-    for what, left, right, want in (
-        ("(m, ℓ, o) ⊕ (-inf, 0, 0) = (m, ℓ, o)", (m, l, o), ident_o, (m, l, o)),
-        ("(-inf, 0, 0) ⊕ (-inf, 0, 0) = (-inf, 0, 0), no NaN", ident_o, ident_o, ident_o),
+    for what, left, right, want, twin in (
+        ("(m, ℓ, o) ⊕ (-inf, 0, 0) = (m, ℓ, o)", (m, l, o), ident_o, (m, l, o), ((mt, lt, ot), ident_o, (mt, lt, ot))),
+        ("(-inf, 0, 0) ⊕ (-inf, 0, 0) = (-inf, 0, 0), no NaN", ident_o, ident_o, ident_o, (ident_o, ident_o, ident_o)),
     ):
-        got = unpack(replayed(student, "merge_partial", (left, right), merge_ref), 3, what=f"merge_partial: {what}",
-                     hint=HINTS["identity"])
-        for name, g_t, w_t in zip(("m", "ℓ", "o"), got, want):
-            check_close(g_t, w_t.double(), what=f"{name} of merge_partial: {what}", inputs=shown, atol=0.0,
+        want64 = tuple(t.double() for t in want)
+        got = unpack(replayed_merge(student, "merge_partial", (left, right), want64, twin[:2],
+                                    tuple(t.double() for t in twin[2])), 3,
+                     what=f"merge_partial: {what}", hint=HINTS["identity"])
+        for name, g_t, w_t in zip(("m", "ℓ", "o"), got, want64):
+            check_close(g_t, w_t, what=f"{name} of merge_partial: {what}", inputs=shown, atol=0.0,
                         rtol=tol.IDENTITY_EPS * eps(dt), hint=HINTS["identity"], dtype=dt)
+
+
+ROW_MAX = 6  # scores per row of a generated segment (padded with -inf to a batch)
 
 
 def summaries_strategy(size: int):
-    """hypothesis: three float64 summary batches (a, b, c) of `size` elements; ~1/5 are empty."""
+    """hypothesis: three float64 batches of scores (x_a, x_b, x_c), each (size, ROW_MAX): rows of 1 to
+    ROW_MAX scores in [-60, 60] padded with -inf (which neither adds to ℓ nor raises m); ~1/5 of the
+    rows are empty (all -inf: the summary (-inf, 0)). check_algebra summarises them."""
     from hypothesis import strategies as st
 
-    one = st.one_of(
-        st.just((NEG_INF, 0.0)),
-        st.tuples(st.floats(-60, 60, allow_nan=False), st.floats(1.0, 1e3, allow_nan=False)),
-        st.tuples(st.floats(-60, 60, allow_nan=False), st.floats(1.0, 1e3, allow_nan=False)),
-        st.tuples(st.floats(-60, 60, allow_nan=False), st.floats(1.0, 1e3, allow_nan=False)),
-        st.tuples(st.floats(-60, 60, allow_nan=False), st.floats(1.0, 1e3, allow_nan=False)),
-    )
-    batch = st.lists(one, min_size=size, max_size=size).map(
-        lambda items: (torch.tensor([i[0] for i in items], dtype=torch.float64),
-                       torch.tensor([i[1] for i in items], dtype=torch.float64)))
+    scores = st.lists(st.floats(-60, 60, allow_nan=False), min_size=1, max_size=ROW_MAX)
+    row = st.one_of(st.just([]), scores, scores, scores, scores)
+    batch = st.lists(row, min_size=size, max_size=size).map(
+        lambda rows: torch.tensor([r + [NEG_INF] * (ROW_MAX - len(r)) for r in rows], dtype=torch.float64))
     return st.tuples(batch, batch, batch)
 
 
-def check_algebra(student, a, b, c) -> None:
-    """Commutativity and associativity of merge_summary on float64 batches, against float64 ⊕."""
-    shown = {"m_a": a[0], "m_b": b[0], "m_c": c[0]}
-    call = lambda x, y: unpack(replayed(student, "merge_summary", (x, y), merge_ref), 2,  # noqa: E731
-                               what="merge_summary(a, b) returns (m, ℓ)", hint=HINTS["merge"])
-    ab, ba = call(a, b), call(b, a)
-    abc_left, abc_right = call(ab, c), call(a, call(b, c))
-    ref_ab = merge_ref(a, b)
-    ref_abc = merge_ref(ref_ab, c)
-    rtol = tol.merge_rtol(torch.float64)  # a few roundings of exp/product/sum (tolerances rule 5)
-    for what, got, want in (("a ⊕ b", ab, ref_ab), ("b ⊕ a = a ⊕ b", ba, ref_ab),
-                            ("(a ⊕ b) ⊕ c", abc_left, ref_abc), ("a ⊕ (b ⊕ c) = (a ⊕ b) ⊕ c", abc_right, ref_abc)):
-        for name, g_t, w_t in zip("mℓ", got, want):
-            check_close(g_t, w_t, what=f"{name} of {what}", inputs=shown, atol=0.0, rtol=2 * rtol if "c" in what else rtol,
-                        hint=HINTS["algebra"], dtype=torch.float64)
+def check_algebra(student, xa: torch.Tensor, xb: torch.Tensor, xc: torch.Tensor) -> None:
+    """Commutativity and associativity of merge_summary on the float64 summaries a, b, c of the score
+    batches x_a, x_b, x_c: a ⊕ b and b ⊕ a must be the summary of concat(x_a, x_b), (a ⊕ b) ⊕ c and
+    a ⊕ (b ⊕ c) that of concat(x_a, x_b, x_c) (tolerances rule 5b with 1 and 2 ⊕s)."""
+    f64 = torch.float64
+    data = {"a": xa, "b": xb, "c": xc}
+    twins = {k: twin_data(x, None, f64, seed=3000 + i)[0] for i, (k, x) in enumerate(data.items())}
+
+    def summary(keys: str, scores: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return whole(torch.cat([scores[k] for k in keys], dim=-1))
+
+    a, b, c = summary("a", data), summary("b", data), summary("c", data)
+    shown = {"m_a": a[0], "l_a": a[1], "m_b": b[0], "l_b": b[1], "m_c": c[0], "l_c": c[1]}
+
+    def call(x, y, kx: str, ky: str):
+        """x ⊕ y, where x, y stand for the segments kx, ky; the twin merges the summaries of the twin's
+        segments kx and ky, and must give the summary of their scores together."""
+        return unpack(replayed_merge(student, "merge_summary", (x, y), summary(kx + ky, data),
+                                     (summary(kx, twins), summary(ky, twins)), summary(kx + ky, twins)), 2,
+                      what="merge_summary(a, b) returns (m, ℓ)", hint=HINTS["merge"])
+
+    ab, ba = call(a, b, "a", "b"), call(b, a, "b", "a")
+    abc_left, abc_right = call(ab, c, "ab", "c"), call(a, call(b, c, "b", "c"), "a", "bc")
+    ref_ab, ref_abc = summary("ab", data), summary("abc", data)
+    n_ab, n_abc = xa.shape[-1] + xb.shape[-1], xa.shape[-1] + xb.shape[-1] + xc.shape[-1]
+    for what, got, want, rtol in (
+            ("a ⊕ b", ab, ref_ab, tol.merge_data_rtol(n_ab, f64, merges=1)),
+            ("b ⊕ a = a ⊕ b", ba, ref_ab, tol.merge_data_rtol(n_ab, f64, merges=1)),
+            ("(a ⊕ b) ⊕ c", abc_left, ref_abc, tol.merge_data_rtol(n_abc, f64, merges=2)),
+            ("a ⊕ (b ⊕ c) = (a ⊕ b) ⊕ c", abc_right, ref_abc, tol.merge_data_rtol(n_abc, f64, merges=2))):
+        for name, g_t, w_t, r in (("m", got[0], want[0], 0.0), ("ℓ", got[1], want[1], rtol)):
+            check_close(g_t, w_t, what=f"{name} of {what}, against the float64 summary of the segments' scores "
+                        "together", inputs=shown, atol=0.0, rtol=r, hint=HINTS["algebra"], dtype=f64)
 
 
 # ---------------------------------------------------------------------------------------------

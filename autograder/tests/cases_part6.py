@@ -1,7 +1,8 @@
 """Part 6 (Flash-Decoding: split_kv, attention_partial, combine_partials, flash_decode): shared checks.
 
 (a) references: o and lse against course.reference.attention_reference (float64), plain float32 rule
-    (2×); combine_partials against the exact float64 ⊕ of the very partials it was given.
+    (2×); combine_partials of rounded partials against dense float64 attention over all their keys
+    (tolerances rule 6; the judge holds no combine formula).
 (b) conventions: no mask (a decode query sees every key); an empty segment is (o = 0, lse = -inf) and
     no NaN appears, even with more splits than keys or every segment empty; split_kv returns views.
 (c) what the JUDGE measures in its own replay of each call (autograder/engine/replay.py): no fused

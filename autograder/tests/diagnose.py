@@ -564,25 +564,27 @@ def diagnose_backward(actual: torch.Tensor, which: str, q, k, v, o, lse, do, *, 
 
 
 def combine_variants(partials: list[tuple[torch.Tensor, torch.Tensor]], lengths: list[int] | None = None):
-    """name -> ((o or None, lse or None), hint) for the known wrong ways to combine (o_s, lse_s) partials."""
+    """name -> ((o or None, lse or None), hint) for the known wrong ways to combine (o_s, lse_s) partials.
+
+    Only the wrong half of each: the o-only bugs have lse None (their lse would be the right one, and
+    a right combined lse is not computed here)."""
     os_ = torch.stack([p[0].double() for p in partials])  # (S, ..., Nq, dv)
     ls = torch.stack([p[1].double() for p in partials])  # (S, ..., Nq)
     finite = torch.isfinite(ls)
-    lse = torch.logsumexp(ls, 0)
     n_nonempty = finite.sum(0).clamp(min=1)
     lse_max = ls.amax(0)
     w_max = torch.exp(ls - torch.where(torch.isneginf(lse_max), torch.zeros_like(lse_max), lse_max))
     out = {
-        "average_all": ((os_.mean(0), lse), HINT_COMBINE_AVERAGE),
-        "average_nonempty": ((os_.sum(0) / n_nonempty.unsqueeze(-1), lse), HINT_COMBINE_AVERAGE),
-        "sum": ((os_.sum(0), lse), HINT_COMBINE_SUM),
+        "average_all": ((os_.mean(0), None), HINT_COMBINE_AVERAGE),
+        "average_nonempty": ((os_.sum(0) / n_nonempty.unsqueeze(-1), None), HINT_COMBINE_AVERAGE),
+        "sum": ((os_.sum(0), None), HINT_COMBINE_SUM),
         # lse = max_s lse_s: the weights exp(lse_s - max) are then not normalised
         "lse_max": (((w_max.unsqueeze(-1) * os_).sum(0), lse_max), HINT_COMBINE_LSE),
         "lse_mean": ((None, torch.where(finite, ls, torch.zeros_like(ls)).sum(0) / n_nonempty), HINT_COMBINE_LSE),
     }
     if lengths and sum(lengths) > 0:
         w = torch.tensor(lengths, dtype=torch.float64) / sum(lengths)
-        out["length_weighted"] = (((w.reshape(-1, *[1] * (os_.dim() - 1)) * os_).sum(0), lse), HINT_COMBINE_AVERAGE)
+        out["length_weighted"] = (((w.reshape(-1, *[1] * (os_.dim() - 1)) * os_).sum(0), None), HINT_COMBINE_AVERAGE)
     return out
 
 

@@ -21,15 +21,13 @@ HERE = Path(__file__).resolve().parent
 
 # What the autograder zip holds (paths relative to the repository; folders recursively). Gradescope
 # unpacks it into /autograder/source. No solutions: the engine grades the submission alone.
-CONTENTS = [
-    "requirements.txt", "requirements.lock",
-    "course",
-    "autograder/__init__.py", "autograder/rubric.toml", "autograder/engine", "autograder/scenarios",
-    "autograder/tests",  # the checks, their public cases, conftest
-    "instructor/__init__.py", "instructor/hidden_tests",  # the hidden cases
-    "instructor/intake.py", "instructor/sandbox.py", "instructor/batch.py", "instructor/grading.py",
-    "instructor/gradescope",
-]
+# - the grader as the student release ships it: the files of instructor.release.shipped_files()
+#   under autograder.engine.paths.JUDGE_TREES (the engine, scenarios, checks, rubric, course);
+# - the grading environment's pins (the instructor's requirements: setup.sh installs them);
+# - the instructor-only code that grades (named here, once): the hidden cases and the channel.
+ENVIRONMENT = ("requirements.txt", "requirements.lock")
+GRADING_CODE = ("instructor/__init__.py", "instructor/hidden_tests", "instructor/intake.py", "instructor/sandbox.py",
+                "instructor/batch.py", "instructor/grading.py", "instructor/gradescope")
 SKIP = {"__pycache__", ".pytest_cache", ".hypothesis"}
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # reproducible zip: same inputs, same bytes
 
@@ -44,6 +42,24 @@ def _files(rel: str) -> list[Path]:
                   and f.suffix not in (".pyc", ".pyo"))
 
 
+def _under(rel: str, trees: Sequence[str]) -> bool:
+    return any(rel == t or rel.startswith(t + "/") for t in trees)
+
+
+def contents() -> list[str]:
+    """Every file of the zip's source tree (relative paths, sorted): see the comment above."""
+    from autograder.engine.paths import JUDGE_TREES
+
+    from ..release import shipped_files
+
+    grader = [f for f in shipped_files() if _under(f, JUDGE_TREES)]
+    missing = [t for t in JUDGE_TREES if not any(_under(f, (t,)) for f in grader)]
+    if missing:
+        raise SystemExit(f"error: the release ships nothing of {missing}; the Gradescope zip needs it")
+    own = [f.relative_to(ROOT).as_posix() for rel in (*ENVIRONMENT, *GRADING_CODE) for f in _files(rel)]
+    return sorted(set(grader) | set(own))
+
+
 def build(out: Path) -> Path:
     """Write the autograder zip: setup.sh and run_autograder at its root, then the source tree."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -51,9 +67,8 @@ def build(out: Path) -> Path:
         ("setup.sh", (HERE / "setup.sh").read_bytes(), 0o755),
         ("run_autograder", (HERE / "run_autograder").read_bytes(), 0o755),
     ]
-    for rel in CONTENTS:
-        for f in _files(rel):
-            entries.append((f.relative_to(ROOT).as_posix(), f.read_bytes(), 0o644))
+    for rel in contents():
+        entries.append((rel, (ROOT / rel).read_bytes(), 0o644))
     tmp = out.with_suffix(".zip.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for name, data, mode in sorted(entries, key=lambda e: e[0]):
