@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--show-hidden", action="store_true",
                     help="instructors: do not redact hidden-test failures in the feedback")
     args = ap.parse_args(argv)
+    if args.jobs <= 1 and Path(args.impl).is_dir():
+        from autograder.engine.processes import Zygote
+
+        Zygote.prestart()  # its torch import overlaps the judge's (~0.5 s of a grade)
 
     from autograder.engine import grade_for_student
     from autograder.engine.feedback import print_report

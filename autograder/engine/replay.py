@@ -440,6 +440,8 @@ def _bound_out(info: "_Info", a: list, kw: dict) -> tuple[int, int] | None:
     if kw:
         tensors += [x for x in kw.values() if isinstance(x, torch.Tensor)]
     if kind == "elementwise":
+        if len(tensors) == 1 or all(t.shape == tensors[0].shape for t in tensors[1:]):
+            return (tensors[0].numel() if tensors else 1), 0
         return _broadcast_numel([t.shape for t in tensors]), 0
     if kind in ("reduction", "reshape") and tensors:
         return tensors[0].numel(), 0
@@ -753,19 +755,28 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         c is None or list(t.shape) != c[0] or list(t.stride()) != c[1]
                         or str(t.dtype).removeprefix("torch.") != c[2] for t, c in zip(tensors, claims)):
                     raise ReplayRefused(f"the record's {name} does not match its replay", "malformed")
-            _bind(env, op.leaves, got)
+            leaves = op.leaves
+            if len(leaves) == 1 and len(got) == 1 and type(leaves[0]) is int and type(result) is Tensor:
+                env[leaves[0]] = result  # the common case of _bind
+            else:
+                _bind(env, leaves, got)
             if info.view:  # a view: no new storage, no product, no cast
-                for leaf in op.leaves:
-                    if type(leaf) is int:
-                        producer.setdefault(leaf, index)
+                for leaf in leaves:
+                    if type(leaf) is int and leaf not in producer:
+                        producer[leaf] = index
                 continue
             out64 = False
-            for leaf, t in zip(op.leaves, got):
+            for leaf, t in zip(leaves, got):
                 if type(leaf) is int and isinstance(t, Tensor):
-                    producer.setdefault(leaf, index)
+                    if leaf not in producer:
+                        producer[leaf] = index
                     out64 = out64 or t.dtype == f64
-                    key = _storage_key(t)
-                    if key is None or key[0] in excluded:
+                    try:
+                        st = t.untyped_storage()
+                        key = (st.data_ptr(), st.nbytes())
+                    except (RuntimeError, NotImplementedError):
+                        continue
+                    if key[0] in excluded:
                         continue
                     if key not in seen:
                         seen.add(key)

@@ -194,14 +194,28 @@ class Recorder(TorchDispatchMode):
     # -- recording ----------------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        enc = self._enc
-        enc_args = [enc(a) for a in args]
+        refs, enc, Tensor = self._refs, self._enc, torch.Tensor
+        enc_args = []
+        for a in args:  # _enc, with its two common cases inline (this runs for every op)
+            t = type(a)
+            if t is Tensor:
+                ref = refs.get(id(a))
+                enc_args.append(["$t", ref if ref is not None else self._ref(a)])
+            elif t in _PLAIN:
+                enc_args.append(a)
+            else:
+                enc_args.append(enc(a))
         enc_kwargs = {k: enc(v) for k, v in kwargs.items()} if kwargs else {}
         out = func(*args, **(kwargs or {}))
         if len(self.ops) >= MAX_RECORDED_OPS:
             raise RecordTooLarge(f"the call dispatched more than {MAX_RECORDED_OPS:,} torch ops")
         name, claims = _op_name(func)
-        self.ops.append([name, enc_args, enc_kwargs, self._enc_out(out, claims)])
+        if type(out) is Tensor and not claims:
+            ref = refs.get(id(out))
+            enc_out = ["$t", ref if ref is not None else self._new_ref(out)]
+        else:
+            enc_out = self._enc_out(out, claims)
+        self.ops.append([name, enc_args, enc_kwargs, enc_out])
         return out
 
     def trusted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
