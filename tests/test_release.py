@@ -386,3 +386,57 @@ def test_no_shipped_judge_function_is_a_working_merge():
             if passed:
                 scoring[f"{module.__name__}.{fn.__name__}"] = passed
     assert not scoring, f"shipped judge code computes a working ⊕ (students can import it): {scoring}"
+
+
+def _summary_cases_passed(fn) -> tuple[list[str], int]:
+    """The part-1 online_summary cases (public and hidden rows) that `fn` in the place of online_summary
+    passes (its outputs cast to the input's dtype), and how many there are."""
+    import torch
+
+    from autograder.tests import cases_part1 as C
+    from autograder.tests import test_part1_online_softmax as public
+    from instructor.hidden_tests import part1_online_softmax as hidden
+
+    def summary(x):
+        out = fn(x)
+        return type(out)(t.to(x.dtype) if isinstance(t, torch.Tensor) else t for t in out) \
+            if type(out) in (tuple, list) else out
+
+    student = _Direct(summary)
+    passed = []
+    # rows that are all -inf are left out: their summary (-inf, 0) does not depend on the values
+    cases = [c for c in [*public.ROWS, *hidden.ROWS] if not bool(torch.isneginf(c.x()).all())]
+    for case in cases:
+        try:
+            C.check_summary(student, case)
+        except Exception:  # noqa: BLE001 -- a CheckFailure, or the candidate cannot take x at all
+            continue
+        passed.append(case.id)
+    return passed, len(cases)
+
+
+def test_no_shipped_judge_function_is_a_working_summary():
+    """Each one-argument function of the shipped part-1 cases, probes and diagnosis in the place of
+    online_summary passes no case: the judge's references compute in numpy, which the recorder does
+    not see, so their answers enter the replay as constants (refused, or wrong on the twin's inputs)."""
+    import importlib
+    import inspect
+
+    from solutions import online_softmax as sol
+
+    passed, n = _summary_cases_passed(sol.online_summary)
+    assert len(passed) == n > 5, "the harness passes a correct online_summary on every case"
+    assert _summary_cases_passed(lambda x: (x.amax(-1), x.exp().sum(-1)))[0] != _summary_cases_passed(sol.online_summary)[0]
+    scoring = {}
+    for module in map(importlib.import_module, SHIPPED_JUDGE_MODULES):
+        for name, obj in vars(module).items():
+            if not (inspect.isfunction(obj) and obj.__module__ == module.__name__):
+                continue
+            try:
+                inspect.signature(obj).bind(None)
+            except TypeError:
+                continue
+            passed, _ = _summary_cases_passed(obj)
+            if passed:
+                scoring[f"{module.__name__}.{name}"] = passed
+    assert not scoring, f"shipped judge code computes a working online_summary (students can import it): {scoring}"

@@ -162,25 +162,16 @@ class MergeCase:
 # float64 references and plain same-dtype implementations (judge side)
 
 
-def _safe_max(m: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-
-
 def ref_summary(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m, ℓ) of each row, in x's dtype: m = max, ℓ = Σ exp(x - m); empty/all -inf rows: (-inf, 0)."""
-    if x.shape[-1] == 0:
-        return (torch.full(x.shape[:-1], NEG_INF, dtype=x.dtype), torch.zeros(x.shape[:-1], dtype=x.dtype))
-    m = x.amax(dim=-1)
-    return m, torch.exp(x - _safe_max(m).unsqueeze(-1)).sum(dim=-1)
+    """(m, ℓ) of each row in float64 (numpy: see probes.summary_of_scores), then in x's dtype:
+    m = max, ℓ = Σ exp(x - m); empty/all -inf rows: (-inf, 0)."""
+    return tuple(t.to(x.dtype) for t in pb.summary_of_scores(x))
 
 
 def ref_partial(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(m, ℓ, o) with o = Σ_j exp(x_j - m) v_j unnormalised. v: (..., N, dv)."""
-    m, l = ref_summary(x)
-    if x.shape[-1] == 0:
-        return m, l, torch.zeros(*x.shape[:-1], v.shape[-1], dtype=x.dtype)
-    p = torch.exp(x - _safe_max(m).unsqueeze(-1))
-    return m, l, (p.unsqueeze(-1) * v).sum(dim=-2)
+    """(m, ℓ, o) with o = Σ_j exp(x_j - m) v_j unnormalised, in float64 (numpy), then in x's dtype.
+    v: (..., N, dv)."""
+    return tuple(t.to(x.dtype) for t in pb.summary_of_scores(x, v))
 
 
 def ref_softmax(x: torch.Tensor) -> torch.Tensor:

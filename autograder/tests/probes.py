@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from autograder.engine import tolerances as tol
@@ -508,11 +509,28 @@ def summary_ladder(student) -> Finding:
     return climb(SUMMARY_RUNGS, one)
 
 
+def summary_of_scores(x: torch.Tensor, v: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """(m, ℓ) of each row of the scores x (..., N), or (m, ℓ, o) with values v (..., N, dv), in
+    float64: m = max, ℓ = Σ_j exp(x_j - m), o = Σ_j exp(x_j - m) v_j; empty or all -inf rows give
+    (-inf, 0, 0). Computed in NUMPY on purpose: these are the judge's references for graded torch
+    functions, and numpy work is invisible to the grader's recorder, so this code copied into a
+    submission brings its answers in from outside the recorded ops (refused or caught by the twin)."""
+    a = x.detach().double().numpy()
+    if a.shape[-1] == 0:
+        m, l = np.full(a.shape[:-1], -np.inf), np.zeros(a.shape[:-1])
+        o = None if v is None else np.zeros((*a.shape[:-1], v.shape[-1]))
+    else:
+        m = a.max(axis=-1)
+        p = np.exp(a - np.where(np.isneginf(m), 0.0, m)[..., None])
+        l = p.sum(axis=-1)
+        o = None if v is None else np.einsum("...n,...nd->...d", p, v.detach().double().numpy())
+    arrays = (m, l) if o is None else (m, l, o)
+    return tuple(torch.from_numpy(np.array(a, dtype=np.float64)) for a in arrays)  # np.array keeps 0-d shapes
+
+
 def _segment(x: torch.Tensor, v: torch.Tensor):
-    """(m, ℓ, o) of a segment straight from its values (amax, Σ exp(x - m), Σ exp(x - m) v): no ⊕ involved."""
-    m = x.amax(-1)
-    p = torch.exp(x - torch.where(torch.isneginf(m), torch.zeros_like(m), m).unsqueeze(-1))
-    return m, p.sum(-1), (p.unsqueeze(-1) * v).sum(-2)
+    """(m, ℓ, o) of a segment straight from its values: no ⊕ involved."""
+    return summary_of_scores(x, v)
 
 
 def _summaries(ma: float, mb: float, lead=(3,)):
