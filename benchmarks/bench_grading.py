@@ -9,8 +9,13 @@
 3. Calls per second through the proxy (judge -> worker -> judge, plain-data encoding both ways)
    for a call with no tensor, and with a (4, 256, 64) float32 tensor in and out.
 
-Run: python -m benchmarks bench_grading  (or make bench). Timings on a shared machine are noisy;
-each figure is the median of several repetitions.
+Side by side: `BENCH_BASELINE=<git revision>` (default d604769, the engine before trace-and-replay)
+also times `make grade IMPL=solutions` in a temporary worktree of that revision, interleaved with this
+tree (median of BENCH_REPEAT runs, default 3), and prints both and their ratio. BENCH_BASELINE=none
+skips it.
+
+Run: python -m benchmarks bench_grading  (or make bench BENCH=grading). Timings on a shared machine
+are noisy; each figure is the median of several repetitions.
 """
 from __future__ import annotations
 
@@ -35,12 +40,15 @@ def echo(t):
 """
 
 
-def grade_wall(tests: str, jobs: int) -> tuple[float, dict]:
+DEFAULT_BASELINE = "d604769"  # the engine before trace-and-replay (issue 9's "today")
+
+
+def grade_wall(tests: str, jobs: int, repo: Path = REPO) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
         t0 = time.perf_counter()
         run = subprocess.run([sys.executable, "-m", "autograder.grade", "--impl", "solutions", "--tests", tests,
-                              "--jobs", str(jobs), "--json", str(out)], cwd=REPO, capture_output=True, text=True)
+                              "--jobs", str(jobs), "--json", str(out)], cwd=repo, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         report = json.loads(out.read_text()) if out.exists() else {"total": None, "timing": {}}
     if run.returncode not in (0, 1):
@@ -48,7 +56,36 @@ def grade_wall(tests: str, jobs: int) -> tuple[float, dict]:
     return wall, report
 
 
+def side_by_side(console, baseline: str, repeat: int) -> None:
+    """make grade IMPL=solutions at `baseline` and here, interleaved: medians and their ratio."""
+    from rich.table import Table
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "baseline"
+        add = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), baseline],
+                             capture_output=True, text=True)
+        if add.returncode != 0:
+            console.print(f"side by side skipped: no revision {baseline} here ({add.stderr.strip()[:120]})")
+            return
+        try:
+            table = Table(title=f"make grade IMPL=solutions: {baseline} and this tree (median of {repeat})")
+            for col in ("tests", "jobs", f"{baseline} s", "this tree s", "ratio"):
+                table.add_column(col, justify="right")
+            for tests, jobs in (("public", 1), ("all", 1), ("all", 2)):
+                before, after = [], []
+                for _ in range(repeat):
+                    before.append(grade_wall(tests, jobs, tree)[0])
+                    after.append(grade_wall(tests, jobs)[0])
+                b, a = statistics.median(before), statistics.median(after)
+                table.add_row(tests, str(jobs), f"{b:.1f}", f"{a:.1f}", f"{a / b:.2f}x")
+            console.print(table)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+
+
 def main() -> None:
+    import os
+
     from rich.console import Console
     from rich.table import Table
 
@@ -58,6 +95,9 @@ def main() -> None:
     from autograder.engine.processes import _Output
 
     console = Console()
+    baseline = os.environ.get("BENCH_BASELINE", DEFAULT_BASELINE)
+    if baseline != "none":
+        side_by_side(console, baseline, int(os.environ.get("BENCH_REPEAT", "3")))
     table = Table(title="make grade IMPL=solutions (fresh interpreter)")
     for col in ("tests", "jobs", "wall s", "engine s", "tests run", "calls", "points"):
         table.add_column(col, justify="right")

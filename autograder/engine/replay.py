@@ -540,9 +540,16 @@ class _Op:
 
     def __init__(self, info: _Info, args: Any, kwargs: dict, out: Any) -> None:
         self.info, self.args, self.kwargs, self.out = info, args, kwargs, out
-        self.leaves = _out_refs(out)
+        if type(out) is list and len(out) == 2 and out[0] == "$t" and type(out[1]) is int and out[1] >= 0:
+            self.leaves = [out[1]]  # one new tensor: the common case of _out_refs
+        else:
+            self.leaves = _out_refs(out)
         # (args template, [(position, ref)], kwargs template, [(name, ref)]) when no tensor sits in a list
-        self.fast = _compile_args(args, kwargs)
+        if not kwargs and type(args) is list:
+            flat = _flat(args)
+            self.fast = None if flat is None else (flat[0], flat[1], {}, [])
+        else:
+            self.fast = _compile_args(args, kwargs)
         if self.fast is not None:
             self.reads = [ref for _, ref in self.fast[1]] + [ref for _, ref in self.fast[3]]
         else:
@@ -828,12 +835,16 @@ def _twin_pass(main: Replayed, base: dict[int, Any], record: dict, trusted: dict
         for index, op in enumerate(main.prepared):
             a, kw = _args_of(op, env)
             result = _run(op, a, kw, trusted)
+            leaves = op.leaves
+            if type(result) is Tensor and len(leaves) == 1 and type(leaves[0]) is int and not op.info.data_shape:
+                env[leaves[0]] = result  # the common case
+                continue
             got = [result] if type(result) is Tensor else tree_flatten(result)[0]
             if op.info.data_shape and [tuple(t.shape) for t in got if isinstance(t, Tensor)] != main.shapes.get(index):
                 raise ReplayRefused("the program's tensor shapes depend on its input values (boolean indexing gave "
                                     "other shapes on the judge's inputs): index with masks of fixed size, or use "
                                     "torch.where", "data_dependent")
-            _bind(env, op.leaves, got)
+            _bind(env, leaves, got)
     return Twin(_dec(record["result"], env) if record["result"] is not None else None)
 
 

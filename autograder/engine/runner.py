@@ -502,7 +502,6 @@ def _freeze_imports() -> None:
     hundreds of thousands of small objects)."""
     global _FROZEN
     if not _FROZEN:
-        gc.collect()
         gc.freeze()
         _FROZEN = True
 
