@@ -269,6 +269,25 @@ def test_the_twin_replay_exposes_an_answer_computed_for_the_recorded_inputs_only
     assert R.twin_error(honest.result, naive(*twin)) is None
 
 
+def test_the_twin_refuses_shapes_other_than_the_main_replays():
+    """The twin runs without per-op bounds (the main replay's hold for the shapes it saw), so every op
+    must give the main replay's shapes there. (Boolean indexing, whose shape follows the values, is
+    refused before: its shape cannot be bounded on meta tensors.)"""
+    x = torch.tensor([0.6, 0.1, 0.2])
+
+    def outer(x):
+        return (x.unsqueeze(0) * x.unsqueeze(1)).sum()
+
+    record = record_call(outer, [x], x)
+    rp = R.replay(record, [x])
+    assert float(R._twin_pass(rp, {0: torch.tensor([0.7, 0.05, 0.3])}, record, {}).result) == pytest.approx(1.05 ** 2)
+    with pytest.raises(R.ReplayRefused, match="shapes depend on its input values") as err:
+        R._twin_pass(rp, {0: torch.randn(4000)}, record, {})  # would make a 4000 x 4000 product unbounded
+    assert err.value.kind == "data_dependent"
+    with pytest.raises(R.ReplayRefused, match="does not run on the recorded shapes"):
+        R.replay(record_call(lambda x: x[x > 0.5].sum(), [x], x), [x])
+
+
 def test_bounds_are_checked_on_meta_tensors_before_anything_runs():
     x = torch.randn(4)
 

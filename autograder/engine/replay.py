@@ -152,7 +152,7 @@ class Replayed:
     readers: dict[int, list[int]] = field(default_factory=dict, repr=False)  # ref -> op indices reading it
     new_storage_of: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> bytes of its new storage
     prepared: list = field(default_factory=list, repr=False)  # the checked ops (for the twin)
-    shapes: dict[int, list] = field(default_factory=dict, repr=False)  # op index -> output shapes (DATA_SHAPE_OPS)
+    shapes: list = field(default_factory=list, repr=False)  # per op: its output's shape(s), for the twin
 
     def flops_between(self, start: int, end: int | None = None) -> int:
         """Matmul FLOPs of ops [start, end)."""
@@ -501,7 +501,6 @@ class _Info:
     has_device: bool
     empty: bool  # uninitialised output (zeroed in the replay)
     scalar_out: bool  # returns a Python number (.item() and friends)
-    data_shape: bool  # output shape can depend on input VALUES (boolean indexing)
     trusted: str | None = None  # "judge::name" ops: the judge's own function `name`
 
 
@@ -510,7 +509,6 @@ _KINDS = {**{n: "elementwise" for n in ELEMENTWISE}, **{n: "reduction" for n in 
           "cat": "cat", "stack": "cat", "embedding": "embedding", "arange": "arange",
           **{n: "like" for n in LIKE}, **{n: "sized" for n in SIZED},
           **{n: "matmul" for n in ("mm", "bmm", "addmm", "baddbmm", "mv", "dot", "vdot", "addmv", "addbmm")}}
-DATA_SHAPE_OPS = frozenset({"index", "tensor_split"})
 _INFOS: dict[Any, _Info] = {}
 
 
@@ -524,13 +522,12 @@ def _info(func: Any) -> _Info:
                           if "number" in str(arg.type) or "Scalar" in str(arg.type))
         info = _INFOS[func] = _Info(
             func, name, short, _KINDS.get(plain), short in VIEW_OPS, FLOP_FORMULAS.get(func.overloadpacket), positions,
-            any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS,
-            short in DATA_SHAPE_OPS)
+            any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS)
     return info
 
 
 def _judge_info(name: str) -> _Info:
-    return _Info(name, name, name, None, False, None, (), False, False, False, False, trusted=name[len("judge::"):])
+    return _Info(name, name, name, None, False, None, (), False, False, False, trusted=name[len("judge::"):])
 
 
 class _Op:
@@ -735,7 +732,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     bcast_elems = bcast_ops = 0
     producer: dict[int, int] = {}
     new_storage_of: dict[int, int] = {}
-    shapes: dict[int, list] = {}
+    shapes: list = []
     total = upcasts = 0
     f64, f32, Tensor = torch.float64, torch.float32, torch.Tensor
     with torch.no_grad():
@@ -753,8 +750,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             counts[name] = counts.get(name, 0) + 1
             flops_at.append(total)
             got = [result] if type(result) is Tensor else tree_flatten(result)[0]
-            if info.data_shape:
-                shapes[index] = [tuple(t.shape) for t in got if isinstance(t, Tensor)]
+            shapes.append(result.shape if type(result) is Tensor else _shapes(got))
             if info.view:
                 tensors = [t for t in got if isinstance(t, Tensor)]
                 claims = _claims(op.out)
@@ -825,27 +821,41 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                     new_storage_of=new_storage_of, prepared=prepared, shapes=shapes)
 
 
+def _shapes(got: list) -> tuple:
+    return tuple(tuple(t.shape) for t in got if isinstance(t, torch.Tensor))
+
+
 def _twin_pass(main: Replayed, base: dict[int, Any], record: dict, trusted: dict) -> "Twin":
-    """The same checked program on the twin's inputs, measuring nothing: only its result. The main
-    pass bounded every op for these shapes; an op whose output shape depends on values (boolean
-    indexing) must give the main pass's shape, or the bounds would not hold."""
+    """The same checked program on the twin's inputs (same shapes), measuring nothing: only its result.
+    The main pass bounded every op for the shapes it saw; every op must give the same shapes here
+    (an op whose output shape depends on values, e.g. boolean indexing, could otherwise grow
+    without bound), or the record is refused."""
     env: dict[int, Any] = {ref: (t.clone() if isinstance(t, torch.Tensor) else t) for ref, t in base.items()}
     Tensor = torch.Tensor
+    shapes = main.shapes
     with torch.no_grad():
         for index, op in enumerate(main.prepared):
             a, kw = _args_of(op, env)
             result = _run(op, a, kw, trusted)
             leaves = op.leaves
-            if type(result) is Tensor and len(leaves) == 1 and type(leaves[0]) is int and not op.info.data_shape:
-                env[leaves[0]] = result  # the common case
-                continue
-            got = [result] if type(result) is Tensor else tree_flatten(result)[0]
-            if op.info.data_shape and [tuple(t.shape) for t in got if isinstance(t, Tensor)] != main.shapes.get(index):
-                raise ReplayRefused("the program's tensor shapes depend on its input values (boolean indexing gave "
-                                    "other shapes on the judge's inputs): index with masks of fixed size, or use "
-                                    "torch.where", "data_dependent")
+            if type(result) is Tensor:
+                if result.shape != shapes[index]:
+                    _shape_changed()
+                if len(leaves) == 1 and type(leaves[0]) is int:
+                    env[leaves[0]] = result  # the common case
+                    continue
+                got = [result]
+            else:
+                got = tree_flatten(result)[0]
+                if _shapes(got) != shapes[index]:
+                    _shape_changed()
             _bind(env, leaves, got)
     return Twin(_dec(record["result"], env) if record["result"] is not None else None)
+
+
+def _shape_changed() -> None:
+    raise ReplayRefused("the program's tensor shapes depend on its input values (an op gave another shape on the "
+                        "judge's inputs, e.g. boolean indexing): use fixed shapes, e.g. torch.where", "data_dependent")
 
 
 def _nan(x: Any) -> bool:
