@@ -502,6 +502,7 @@ class _Info:
     empty: bool  # uninitialised output (zeroed in the replay)
     scalar_out: bool  # returns a Python number (.item() and friends)
     trusted: str | None = None  # "judge::name" ops: the judge's own function `name`
+    call: Any = None  # what runs the op: the overload's C++ callable (its __call__ without the Python frame)
 
 
 _KINDS = {**{n: "elementwise" for n in ELEMENTWISE}, **{n: "reduction" for n in REDUCTIONS},
@@ -522,7 +523,8 @@ def _info(func: Any) -> _Info:
                           if "number" in str(arg.type) or "Scalar" in str(arg.type))
         info = _INFOS[func] = _Info(
             func, name, short, _KINDS.get(plain), short in VIEW_OPS, FLOP_FORMULAS.get(func.overloadpacket), positions,
-            any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS)
+            any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS,
+            call=getattr(func, "_op", func))
     return info
 
 
@@ -707,7 +709,7 @@ def _run(op: _Op, a: list, kw: dict, trusted: dict) -> Any:
     info = op.info
     if info.trusted is not None:
         return trusted[info.trusted](*a, **kw)
-    result = info.func(*a, **kw)
+    result = info.call(*a, **kw)
     if info.empty and type(result) is torch.Tensor:
         result.zero_()  # uninitialised memory would make the replay nondeterministic
     if info.scalar_out:

@@ -206,7 +206,7 @@ class Recorder(TorchDispatchMode):
             else:
                 enc_args.append(enc(a))
         enc_kwargs = {k: enc(v) for k, v in kwargs.items()} if kwargs else {}
-        out = func(*args, **(kwargs or {}))
+        out = func._op(*args, **(kwargs or {}))  # func(...) without the Python frame of OpOverload.__call__
         if len(self.ops) >= MAX_RECORDED_OPS:
             raise RecordTooLarge(f"the call dispatched more than {MAX_RECORDED_OPS:,} torch ops")
         name, claims = _op_name(func)
