@@ -53,12 +53,24 @@ def causal_mask(nq: int, nk: int, device: torch.device | str | None = None) -> t
     return j <= i + (nk - nq)
 
 
+def _refuse_inside_a_graded_call() -> None:
+    """These references are the grader's. Inside a graded call (which the grader records with a
+    dispatch mode named Recorder) they refuse: a graded function computes attention itself. Called
+    where nothing records it, its result enters the recorded call as a constant, which the grader's
+    budgets and its replay on inputs of its own reject."""
+    for i in range(torch._C._len_torch_dispatch_stack()):
+        if type(torch._C._get_dispatch_stack_at(i)).__name__ == "Recorder":
+            raise RuntimeError("course.reference is the grader's reference attention, not for graded code: "
+                               "compute the attention in your function with torch ops")
+
+
 def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Standard attention in the dtype of its inputs, S and P materialised (§2.3).
 
     q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv) -> o: (..., Nq, dv), lse: (..., Nq)."""
+    _refuse_inside_a_graded_call()
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     s = scale * (q @ k.transpose(-2, -1))  # (..., Nq, Nk)
@@ -96,6 +108,7 @@ def attention_plain(
 
 def softmax_reference(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim in float64, x: (..., N) -> (..., N); an all -inf row gives zeros."""
+    _refuse_inside_a_graded_call()
     x = x.double()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     return torch.exp(x - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse))
@@ -103,4 +116,5 @@ def softmax_reference(x: torch.Tensor) -> torch.Tensor:
 
 def logsumexp_reference(x: torch.Tensor) -> torch.Tensor:
     """Natural-log logsumexp over the last dim in float64, x: (..., N) -> (...); -inf for an all -inf row."""
+    _refuse_inside_a_graded_call()
     return torch.logsumexp(x.double(), dim=-1)

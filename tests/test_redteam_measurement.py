@@ -67,3 +67,9 @@ def test_attack_scores_no_more_than_an_honest_wrong_answer(name, corpus):
     text = " ".join([json.dumps(report["parts"][0].get("first_failure")),
                      *(t.get("message") or "" for t in report["tests"] if t["set"] == "public")]).lower()
     assert any(e.lower() in text for e in spec["expect"]), f"{name}: none of {spec['expect']} in {text[:600]}"
+    # an attack that tries to carry hidden inputs out names the text it writes: never in hidden feedback
+    if spec.get("leak"):
+        hidden_text = json.dumps([t for t in report["tests"] if t["set"] != "public"]
+                                 + [p.get("first_failure") for p in report["parts"]
+                                    if (p.get("first_failure") or {}).get("set", "public") != "public"])
+        assert spec["leak"] not in hidden_text, f"{name}: its text {spec['leak']!r} reached hidden-test feedback"

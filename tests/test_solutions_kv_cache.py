@@ -180,6 +180,19 @@ def test_layer0_bug_also_breaks_some_generations():
         C.check_generate(_mutated("kv_cache_layer0_length"), seed=2, n=60)
 
 
+def test_the_known_bug_logits_are_those_of_the_buggy_caches():
+    """The diagnosis computes a known bug's logits without a cache (cases_part5.bug_logits: no working
+    cache ships); they are the logits of the mutated solutions themselves."""
+    m32 = C.model("float32")
+    for mutation, bug in (("kv_cache_layer0_length", "layer0_length"), ("kv_cache_topleft_mask", "top_left")):
+        buggy = _mutated(mutation).module("kv_cache")
+        for case in PUBLIC_CASES[:3]:
+            tokens, sizes = case.plan()
+            got = _cached_step_logits(m32, tokens, sizes, forward=buggy.forward_with_cache)[0]
+            want = torch.cat(C.bug_logits(m32, tokens, sizes, bug), 1)
+            assert float((got - want).abs().max()) < 1e-4, (mutation, case.id)
+
+
 def test_concat_cache_fails_the_views_check():
     student = _mutated("kv_cache_concat_copies")
     C.check_cached_logits(student, PUBLIC_CASES[0])            # values are right...
@@ -195,7 +208,7 @@ def test_tolerance_headroom():
         tokens, sizes = C.CacheCase(chunks=chunks, seed=seed).plan()
         ref, plain = m64(tokens), m32(tokens)
         bound = C.FACTOR * float((plain.double() - ref).abs().max()) + C.ATOL32
-        ok = torch.cat(C.reference_cached_logits(m32, tokens, sizes), 1)
-        bug = torch.cat(C.reference_cached_logits(m32, tokens, sizes, bug="layer0_length"), 1)
+        ok = _cached_step_logits(m32, tokens, sizes)[0]  # the solution's cache
+        bug = torch.cat(C.bug_logits(m32, tokens, sizes, "layer0_length"), 1)
         assert float((ok.double() - ref).abs().max()) < bound / 2
         assert float((bug.double() - ref).abs().max()) > 10 * bound

@@ -23,9 +23,11 @@ it was computed for.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
+import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -66,6 +68,9 @@ REFUSED_IN = {
     2: frozenset({"_softmax", "_log_softmax", "logsumexp"}),
     4: frozenset({"_softmax", "_log_softmax", "logsumexp"}),
 }
+# Per graded function: part 6's attention_partial computes its softmax statistics itself (lse = m +
+# log Σ exp(s - m), §8.4 step 2); the combine may take logsumexp over the segments' lse.
+REFUSED_FOR = {"attention_partial": frozenset({"_softmax", "_log_softmax", "logsumexp"})}
 EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 INPLACE_VIEW_OPS = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "as_strided_", "resize_", "swapdims_",
                               "swapaxes_", "set_"})
@@ -197,16 +202,16 @@ class Twin:
 _RESOLVED: dict[tuple[str, int | None], Any] = {}
 
 
-def _resolve(name: str, part: int | None) -> Any:
-    key = (name, part)
+def _resolve(name: str, part: int | None, fn: str | None = None) -> Any:
+    key = (name, part, fn)
     if type(name) is str and key in _RESOLVED:
         return _RESOLVED[key]
-    func = _resolve_uncached(name, part)
+    func = _resolve_uncached(name, part, fn)
     _RESOLVED[key] = func
     return func
 
 
-def _resolve_uncached(name: str, part: int | None) -> Any:
+def _resolve_uncached(name: str, part: int | None, fn: str | None = None) -> Any:
     if type(name) is not str or not re.fullmatch(r"aten::[A-Za-z0-9_]+\.[A-Za-z0-9_]+", name):
         raise ReplayRefused(f"the record names an op {str(name)[:60]!r} that is not an aten op", "malformed")
     base, overload = name[len("aten::"):].split(".")
@@ -217,8 +222,9 @@ def _resolve_uncached(name: str, part: int | None) -> Any:
         raise ReplayRefused(f"the call used aten::{base} (an in-place view op): use the out-of-place {base[:-1]}",
                             "op")
     plain = base[:-1] if base.endswith("_") and not base.endswith("__") else base  # in-place variants too
-    if plain not in ALLOWED or plain in REFUSED_IN.get(part or 0, ()):
-        why = " (this part asks you to write it yourself)" if plain in REFUSED_IN.get(part or 0, ()) else ""
+    refused = REFUSED_IN.get(part or 0, frozenset()) | REFUSED_FOR.get(fn or "", frozenset())
+    if plain not in ALLOWED or plain in refused:
+        why = " (this part asks you to write it yourself)" if plain in refused else ""
         raise ReplayRefused(f"the call used aten::{base}, which graded code may not use{why}", "op")
     try:
         return getattr(getattr(aten, base), overload)
@@ -339,7 +345,7 @@ def _op_text(ops: Any, budget: Budget) -> list:
     return ops
 
 
-def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -> list["_Op"]:
+def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget, fn: str | None = None) -> list["_Op"]:
     """Validate the record, resolve its ops and prepare them for the passes; raises ReplayRefused."""
     if type(record) is not dict or not {"inputs", "ops", "constants", "result"} <= set(record):
         raise ReplayRefused("the call returned no record of its ops", "malformed")
@@ -373,7 +379,7 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
         if type(name) is str and name.startswith("judge::"):
             prepared.append(_Op(_judge_info(name), args, kwargs, out))
             continue
-        info = _info(_resolve(name, part))
+        info = _info(_resolve(name, part, fn))
         op = _Op(info, args, kwargs, out)
         prepared.append(op)
         if info.scalar_positions and type(args) is list:
@@ -386,11 +392,12 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
 
 def replay(record: Any, inputs: list[torch.Tensor], *, part: int | None = None, budget: Budget = DEFAULT_BUDGET,
            named: dict[str, torch.Tensor] | None = None,
-           trusted: dict[str, Callable[..., Any]] | None = None) -> Replayed:
+           trusted: dict[str, Callable[..., Any]] | None = None, fn: str | None = None) -> Replayed:
     """Check, bound (on meta) and replay `record` on the judge's `inputs`; see the module docstring.
 
-    named: tensors the judge owns (record's "named" refs); trusted: "judge::name" -> the judge's function."""
-    ops = check_record(record, len(inputs), part, budget)
+    named: tensors the judge owns (record's "named" refs); trusted: "judge::name" -> the judge's function;
+    fn: the graded function (REFUSED_FOR)."""
+    ops = check_record(record, len(inputs), part, budget, fn)
     return _real_pass(ops, _base(record, inputs, named or {}), record, {ref for ref, _ in record["constants"]},
                       trusted or {}, budget=budget)
 
@@ -519,8 +526,8 @@ def _info(func: Any) -> _Info:
         name = func._schema.name
         short = name.split("::")[1]
         plain = short[:-1] if short.endswith("_") else short
-        positions = tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)
-                          if "number" in str(arg.type) or "Scalar" in str(arg.type))
+        positions = tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)  # Scalar, float, float?
+                          if any(w in str(arg.type) for w in ("number", "Scalar", "float")))
         info = _INFOS[func] = _Info(
             func, name, short, _KINDS.get(plain), short in VIEW_OPS, FLOP_FORMULAS.get(func.overloadpacket), positions,
             any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS,
@@ -885,17 +892,40 @@ def _marks(marks: Any, n_ops: int) -> dict[str, list[int]]:
 # the judge's own inputs
 
 
+# The twin's inputs must be unpredictable to the submission: a program that could compute them
+# (from the test's seed, say, which its inputs give away) could bring in the twin's answer too. Every
+# twin draw therefore mixes a secret the judge process draws at start (never sent to a worker) into
+# its seed. Correct code passes the twin check on any inputs, so grades do not depend on the secret.
+_TWIN_SECRET = secrets.randbits(62)
+
+
+def twin_seed(seed: int) -> int:
+    """`seed` mixed with this judge process's secret: the seed of a twin draw (inputs, weights, prompts)."""
+    digest = hashlib.blake2b(f"{seed}".encode(), key=_TWIN_SECRET.to_bytes(8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 def perturbed(t: torch.Tensor, seed: int, rel: float = 5e-2) -> torch.Tensor:
     """t with every finite nonzero float value moved by a random relative step of up to `rel` (same
     shape, dtype, signs, zeros and infinities). A program whose answer was computed outside the
-    recorded ops (and brought in as constants or scalars) cannot match the reference on these."""
+    recorded ops (and brought in as constants or scalars) cannot match the reference on these.
+    The step is drawn from twin_seed(seed): unpredictable outside the judge."""
     if not t.is_floating_point():
-        return t.clone()
-    g = torch.Generator().manual_seed(seed)
+        return _canonical(t)
+    g = torch.Generator().manual_seed(twin_seed(seed))
     u = torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1
     out = t.double() * (1 + rel * u)
     out = torch.where(torch.isfinite(t), out, t.double())
-    return out.to(t.dtype)
+    return _canonical(out.to(t.dtype))
+
+
+def _canonical(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t with the standard (row-major) strides: what the worker receives for it (the protocol
+    sends contiguous data). An empty slice keeps its odd strides through .contiguous(), and a view that
+    the code makes of it would then state other strides in the worker than in the replay."""
+    out = torch.empty(t.shape, dtype=t.dtype)
+    out.copy_(t.detach())
+    return out.requires_grad_(True) if t.requires_grad else out
 
 
 def record_and_replay(fn: Callable[..., Any], *args: Any, part: int | None = None, **kwargs: Any) -> Replayed:
@@ -936,7 +966,7 @@ def judge_inputs(args: tuple, kwargs: dict, seed: int | None) -> tuple[tuple, di
 
 def _clone(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        return x.clone()
+        return _canonical(x)
     if type(x) in (list, tuple):
         return type(x)(_clone(i) for i in x)
     if type(x) is dict:
@@ -1036,7 +1066,7 @@ def _replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict
             "attention, no values computed outside the call")
     main_inputs = _flat_tensors(j_args, j_kwargs)
     try:
-        rp = replay(record, main_inputs, part=getattr(student, "part", None), budget=budget, **replay_kw)
+        rp = replay(record, main_inputs, part=getattr(student, "part", None), budget=budget, fn=fn, **replay_kw)
     except ReplayRefused as exc:
         raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay", hint=hint) from None
     # The twin only where the replay on the recorded inputs is (loosely) right: a plainly wrong result

@@ -440,7 +440,7 @@ def kernel_probe_hint(student) -> str:
                           block_cols=block_cols, seed=21, q_mult=q_mult)
         _, j = run(student, case)  # the judge's replay on its own inputs j.q, j.k, j.v
         return {"o": j.o, "lse": j.lse, "qkv": (j.q, j.k, j.v)}
-    finding = pb.kernel_ladder(run_case)
+    finding = pb.kernel_ladder(run_case, hidden=getattr(student, "hidden", True) is not False)
     return dg._compose(finding.message(), dg.forward_probe_hint(finding))
 
 

@@ -140,41 +140,39 @@ def check_call_flops(rp: replay.Replayed, sizes: list[int], max_len: int, batch:
         start += c
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, top_left: bool) -> torch.Tensor:
-    Tq, Tk = q.shape[-2], k.shape[-2]
-    S = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
-    i, j = torch.arange(Tq).unsqueeze(1), torch.arange(Tk).unsqueeze(0)
-    visible = j <= i if top_left else j <= i + (Tk - Tq)
-    return torch.softmax(S.masked_fill(~visible, float("-inf")), -1) @ v
-
-
 @torch.no_grad()
-def reference_cached_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int],
-                            bug: str | None = None) -> list[torch.Tensor]:
-    """Logits per chunk with a simple list-of-tensors cache. bug=None is correct; "layer0_length"
-    shifts layers >= 1's positions by T (the §8.2 regression); "top_left" aligns the mask top-left."""
+def bug_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int], bug: str) -> list[torch.Tensor]:
+    """The logits per chunk that a KV cache with a known bug gives, computed WITHOUT a cache (the whole
+    sequence at once): with the bug, what a token computes depends only on itself, the tokens before it
+    and its own chunk's start and size, so one pass over the sequence can give every token the
+    positions or the mask the buggy cache would have used.
+
+    "layer0_length": layers >= 1 rotate each token by its chunk's size T too far (they read the cache
+    length after layer 0 appended, §8.2); "top_left": the causal mask of a chunk aligned top-left, so its
+    query j sees only the first j + 1 keys of the cache."""
+    if bug not in ("layer0_length", "top_left"):
+        raise ValueError(f"unknown bug {bug!r}")
     cfg = m.config
-    ks: list[torch.Tensor | None] = [None] * cfg.n_layers
-    vs: list[torch.Tensor | None] = [None] * cfg.n_layers
-    out, start = [], 0
-    for c in chunks:
-        x = m.tok_emb(tokens[:, start:start + c])
-        B, T = x.shape[:2]
-        for i, blk in enumerate(m.blocks):
-            shift = T if (bug == "layer0_length" and i > 0) else 0
-            pos = torch.arange(start + shift, start + shift + T)
-            h = blk.attn_norm(x)
-            a = blk.attn
-            q, k, v = (w(h).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2) for w in (a.wq, a.wk, a.wv))
-            q, k = rope(q, pos, cfg.rope_base), rope(k, pos, cfg.rope_base)
-            ks[i] = k if ks[i] is None else torch.cat([ks[i], k], 2)
-            vs[i] = v if vs[i] is None else torch.cat([vs[i], v], 2)
-            o = _attend(q, ks[i], vs[i], top_left=bug == "top_left")
-            x = x + a.wo(o.transpose(1, 2).reshape(B, T, -1))
-            x = x + blk.ffn(blk.ffn_norm(x))
-        out.append(m.lm_head(m.norm(x)))
-        start += c
-    return out
+    B, N = tokens.shape
+    size = torch.tensor([c for c in chunks for _ in range(c)])  # each token's chunk size and start
+    start = torch.tensor([sum(chunks[:i]) for i, c in enumerate(chunks) for _ in range(c)])
+    pos = torch.arange(N)
+    keys = torch.arange(N).unsqueeze(0)
+    visible = keys <= (pos - start).unsqueeze(1) if bug == "top_left" else keys <= pos.unsqueeze(1)
+    x = m.tok_emb(tokens)
+    for i, blk in enumerate(m.blocks):
+        at = pos + size if (bug == "layer0_length" and i > 0) else pos
+        h = blk.attn_norm(x)
+        a = blk.attn
+        q, k, v = (w(h).view(B, N, cfg.n_heads, cfg.head_dim).transpose(1, 2) for w in (a.wq, a.wk, a.wv))
+        q, k = rope(q, at, cfg.rope_base), rope(k, at, cfg.rope_base)
+        scores = (q @ k.transpose(-2, -1)) / cfg.head_dim ** 0.5
+        o = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v
+        x = x + a.wo(o.transpose(1, 2).reshape(B, N, -1))
+        x = x + blk.ffn(blk.ffn_norm(x))
+    logits = m.lm_head(m.norm(x))
+    cuts = [0, *[sum(chunks[: j + 1]) for j in range(len(chunks))]]
+    return [logits[:, a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -229,7 +227,7 @@ class CacheCase:
 def _diagnose(m: TinyTransformer, tokens: torch.Tensor, sizes: list[int], got: list[Any], bound: float) -> str | None:
     """The hint of the known bug whose logits the student's match (within `bound`), if any."""
     for bug, hint in (("layer0_length", HINT_LAYER0), ("top_left", HINT_TOPLEFT)):
-        want = reference_cached_logits(m, tokens, sizes, bug=bug)
+        want = bug_logits(m, tokens, sizes, bug)
         if all(isinstance(g, torch.Tensor) and g.shape == w.shape and
                float((g.double() - w.double()).abs().max()) <= bound for g, w in zip(got, want, strict=True)):
             return hint
@@ -336,11 +334,12 @@ def greedy_reference(batch: tuple[tuple[int, ...], ...], max_new_tokens: int,
 def twin_prompts(shapes: tuple[tuple[int, int], ...], max_new_tokens: int, dtype: str,
                  seed: int) -> tuple[tuple[tuple[int, ...], ...], ...] | None:
     """For the twin replay of generate(): one batch of other LikesWorld token sequences per (B, T0) in
-    `shapes` (the first T0 tokens of test examples), whose greedy steps are all at least MIN_MARGIN
+    `shapes` (the first T0 tokens of test examples drawn with the judge's secret, replay.twin_seed),
+    whose greedy steps are all at least MIN_MARGIN
     from a tie, so that any correct cache gives the reference's tokens; None if five draws do not
     give such batches."""
     for draw in range(1, 6):
-        examples = test_examples(seed * 1000 + draw)
+        examples = test_examples(replay.twin_seed(seed * 1000 + draw))  # unpredictable outside the judge
         batches = []
         for b, t0 in shapes:
             rows = [e[:t0] for e in examples if len(e) > t0]

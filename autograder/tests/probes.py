@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check_close
 from autograder.engine.errors import StudentError
@@ -77,21 +78,32 @@ def _close(actual: Any, expected: torch.Tensor, plain: torch.Tensor | None, fact
         return False
 
 
-def climb(rungs: list[Rung], run_one: Callable[[Rung], tuple[list[str], Any, Any]]) -> Finding:
-    """Run the rungs in order until one is wrong. run_one returns (wrong outputs, outputs, inputs)."""
+def climb(rungs: list[Rung], run_one: Callable[[Rung], tuple[list[str], Any, Any]], hidden: bool = True) -> Finding:
+    """Run the rungs in order until one is wrong. run_one returns (wrong outputs, outputs, inputs).
+
+    hidden: the probes serve a hidden test, whose feedback holds only text the judge wrote: a probe
+    that raised is then reported by the kind of failure, never with the submission's own message
+    (a submission could put the hidden inputs it saw there)."""
     passed: list[Rung] = []
     for rung in rungs:
         try:
             wrong, outputs, inputs, *expected = run_one(rung)
         except StudentError as e:
-            return Finding(passed, rung, [], raised=str(e) if e.kind not in _STOP_KINDS else e.kind)
+            said = e.kind if (hidden or e.kind in _STOP_KINDS) else str(e)
+            return Finding(passed, rung, [], raised=said)
         except CheckFailure as e:  # wrong return type/shape on the probe
-            return Finding(passed, rung, [], raised=e.what + (f": {e.detail}" if e.detail else ""))
+            said = e.what if hidden else e.what + (f": {e.detail}" if e.detail else "")
+            return Finding(passed, rung, [], raised=said)
         if wrong:
             return Finding(passed, rung, wrong, outputs=outputs, inputs=inputs,
                            expected=expected[0] if expected else None)
         passed.append(rung)
     return Finding(passed, None, [])
+
+
+def _hidden(student: Any) -> bool:
+    """Whether the probes serve a hidden test (unknown: treated as hidden)."""
+    return getattr(student, "hidden", True) is not False
 
 
 def _tensors(lead, shapes, seed, dtype, mult=1.0):
@@ -191,10 +203,10 @@ def forward_ladder(student) -> Finding:
         o, lse = _pair(student.call("flash_forward.flash_forward", q, k, v, causal=causal, block_q=s["bq"],
                                     block_k=s["bk"], scale=scale))
         return _wrong_forward(o, lse, q, k, v, causal, scale), (o, lse), (q, k, v, s)
-    return climb(FORWARD_RUNGS, one)
+    return climb(FORWARD_RUNGS, one, _hidden(student))
 
 
-def kernel_ladder(run_case: Callable[..., dict]) -> Finding:
+def kernel_ladder(run_case: Callable[..., dict], hidden: bool = True) -> Finding:
     """The same ladder through the part-3 kernel: run_case(nq, nk, d, causal, block_rows, block_cols, lead, q_mult)
     runs the student's kernel through the part-3 check path and returns its {"o", "lse"}. The kernel is float32
     with scale 1/√d; block_rows must be a multiple of 8."""
@@ -210,7 +222,7 @@ def kernel_ladder(run_case: Callable[..., dict]) -> Finding:
         q, k, v = out["qkv"]
         return _wrong_forward(out["o"], out["lse"], q, k, v, s.get("causal", False), None), (out["o"], out["lse"]), \
             (q, k, v, s)
-    return climb(rungs, one)
+    return climb(rungs, one, hidden)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -297,7 +309,7 @@ def backward_ladder(student) -> Finding:
         wrong = [n for n, a, e, p in zip(("dq", "dk", "dv"), grads, ref, plain)
                  if not _close(a, e, p, tol.GRADIENT_FACTOR)]
         return wrong, grads, (q, k, v, o, lse, do, s)
-    return climb(BACKWARD_RUNGS, one)
+    return climb(BACKWARD_RUNGS, one, _hidden(student))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -357,7 +369,7 @@ def combine_ladder(student) -> Finding:
         wrong = [n for n, a, e, b in (("o", o, ref_o, bound_o), ("lse", lse, ref_lse, bound_lse))
                  if not _close_abs(a, e, b, dtype)]
         return wrong, (o, lse), (partials, lengths), (ref_o, ref_lse)
-    return climb(COMBINE_RUNGS, one)
+    return climb(COMBINE_RUNGS, one, _hidden(student))
 
 
 def _close_abs(actual, expected, bound, dtype) -> bool:
@@ -391,7 +403,7 @@ def partial_ladder(student) -> Finding:
             ok_l = type(lse) is torch.Tensor and tuple(lse.shape) == (2, 1) and bool(torch.isneginf(lse).all())
             return [n for n, ok in (("o", ok_o), ("lse", ok_l)) if not ok], (o, lse), None
         return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), None
-    return climb(PARTIAL_RUNGS, one)
+    return climb(PARTIAL_RUNGS, one, _hidden(student))
 
 
 DECODE_RUNGS = [
@@ -417,7 +429,7 @@ def decode_ladder(student) -> Finding:
         out = student.scenario("part6.decode", q=q, k=k, v=v, num_splits=s["splits"], scale=s.get("scale"))
         o, lse = _pair(out["result"])
         return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), (q, k, v)
-    return climb(DECODE_RUNGS, one)
+    return climb(DECODE_RUNGS, one, _hidden(student))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -465,7 +477,7 @@ def softmax_ladder(student, fn: str) -> Finding:
         ref = torch.exp(x - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse))
         ok = _close_rel(out, ref, tol.softmax_rtol(x.shape[-1], x.dtype), x.dtype)
         return ([] if ok else ["p"]), out, x
-    return climb(rungs, one)
+    return climb(rungs, one, _hidden(student))
 
 
 def _close_rel(actual, expected, rtol, dtype, atol=None) -> bool:
@@ -506,7 +518,7 @@ def summary_ladder(student) -> Finding:
         wrong = [n for n, a, e, rt in (("m", m, m_ref, 0.0), ("ℓ", l, l_ref, tol.summary_rtol(x.shape[-1], x.dtype)))
                  if not _close_rel(a, e, rt, x.dtype, atol=0.0)]
         return wrong, (m, l), x
-    return climb(SUMMARY_RUNGS, one)
+    return climb(SUMMARY_RUNGS, one, _hidden(student))
 
 
 def summary_of_scores(x: torch.Tensor, v: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -578,7 +590,7 @@ def merge_ladder(student, fn: str) -> Finding:
         wrong = [n for n, x, e in zip(names, got, ref) if not _close_rel(x, e, tol.merge_rtol(torch.float64),
                                                                         torch.float64, atol=1e-12)]
         return wrong, got, (a, b)
-    return climb(MERGE_RUNGS, one)
+    return climb(MERGE_RUNGS, one, _hidden(student))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -604,13 +616,15 @@ def cache_ladder(student) -> Finding:
 
     def one(r: Rung):
         n = r.spec["n"]
-        out = student.scenario("part5.cache_updates", n_layers=2, batch=1, n_heads=2, max_len=8, head_dim=4,
-                               updates=updates[:n], dtype="float32")
-        k_all, v_all = out["results"][n - 1]
+        record = student.scenario("part5.cache_updates", n_layers=2, batch=1, n_heads=2, max_len=8, head_dim=4,
+                                  updates=updates[:n], dtype="float32")
+        flat = tuple(t for _, k, v in updates[:n] for t in (k, v))
+        res = replay.replay_record(student, record, "KVCache.update", flat, {}, seed=None)[0].result  # the judge's
+        k_all, v_all = res["results"][n - 1]
         layer = updates[n - 1][0]
         mine = [u for u in updates[:n] if u[0] == layer]
         want_k, want_v = torch.cat([u[1] for u in mine], 2), torch.cat([u[2] for u in mine], 2)
         wrong = [name for name, a, e in (("k_all", k_all, want_k), ("v_all", v_all, want_v))
                  if not (isinstance(a, torch.Tensor) and a.shape == e.shape and bool(torch.equal(a, e)))]
         return wrong, (k_all, v_all), None
-    return climb(CACHE_RUNGS, one)
+    return climb(CACHE_RUNGS, one, _hidden(student))
