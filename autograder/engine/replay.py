@@ -68,9 +68,6 @@ REFUSED_IN = {
     2: frozenset({"_softmax", "_log_softmax", "logsumexp"}),
     4: frozenset({"_softmax", "_log_softmax", "logsumexp"}),
 }
-# Per graded function: part 6's attention_partial computes its softmax statistics itself (lse = m +
-# log Σ exp(s - m), §8.4 step 2); the combine may take logsumexp over the segments' lse.
-REFUSED_FOR = {"attention_partial": frozenset({"_softmax", "_log_softmax", "logsumexp"})}
 EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 INPLACE_VIEW_OPS = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "as_strided_", "resize_", "swapdims_",
                               "swapaxes_", "set_"})
@@ -202,16 +199,16 @@ class Twin:
 _RESOLVED: dict[tuple[str, int | None], Any] = {}
 
 
-def _resolve(name: str, part: int | None, fn: str | None = None) -> Any:
-    key = (name, part, fn)
+def _resolve(name: str, part: int | None) -> Any:
+    key = (name, part)
     if type(name) is str and key in _RESOLVED:
         return _RESOLVED[key]
-    func = _resolve_uncached(name, part, fn)
+    func = _resolve_uncached(name, part)
     _RESOLVED[key] = func
     return func
 
 
-def _resolve_uncached(name: str, part: int | None, fn: str | None = None) -> Any:
+def _resolve_uncached(name: str, part: int | None) -> Any:
     if type(name) is not str or not re.fullmatch(r"aten::[A-Za-z0-9_]+\.[A-Za-z0-9_]+", name):
         raise ReplayRefused(f"the record names an op {str(name)[:60]!r} that is not an aten op", "malformed")
     base, overload = name[len("aten::"):].split(".")
@@ -222,7 +219,7 @@ def _resolve_uncached(name: str, part: int | None, fn: str | None = None) -> Any
         raise ReplayRefused(f"the call used aten::{base} (an in-place view op): use the out-of-place {base[:-1]}",
                             "op")
     plain = base[:-1] if base.endswith("_") and not base.endswith("__") else base  # in-place variants too
-    refused = REFUSED_IN.get(part or 0, frozenset()) | REFUSED_FOR.get(fn or "", frozenset())
+    refused = REFUSED_IN.get(part or 0, frozenset())
     if plain not in ALLOWED or plain in refused:
         why = " (this part asks you to write it yourself)" if plain in refused else ""
         raise ReplayRefused(f"the call used aten::{base}, which graded code may not use{why}", "op")
@@ -345,7 +342,7 @@ def _op_text(ops: Any, budget: Budget) -> list:
     return ops
 
 
-def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget, fn: str | None = None) -> list["_Op"]:
+def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -> list["_Op"]:
     """Validate the record, resolve its ops and prepare them for the passes; raises ReplayRefused."""
     if type(record) is not dict or not {"inputs", "ops", "constants", "result"} <= set(record):
         raise ReplayRefused("the call returned no record of its ops", "malformed")
@@ -379,7 +376,7 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget, f
         if type(name) is str and name.startswith("judge::"):
             prepared.append(_Op(_judge_info(name), args, kwargs, out))
             continue
-        info = _info(_resolve(name, part, fn))
+        info = _info(_resolve(name, part))
         op = _Op(info, args, kwargs, out)
         prepared.append(op)
         if info.scalar_positions and type(args) is list:
@@ -392,12 +389,11 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget, f
 
 def replay(record: Any, inputs: list[torch.Tensor], *, part: int | None = None, budget: Budget = DEFAULT_BUDGET,
            named: dict[str, torch.Tensor] | None = None,
-           trusted: dict[str, Callable[..., Any]] | None = None, fn: str | None = None) -> Replayed:
+           trusted: dict[str, Callable[..., Any]] | None = None) -> Replayed:
     """Check, bound (on meta) and replay `record` on the judge's `inputs`; see the module docstring.
 
-    named: tensors the judge owns (record's "named" refs); trusted: "judge::name" -> the judge's function;
-    fn: the graded function (REFUSED_FOR)."""
-    ops = check_record(record, len(inputs), part, budget, fn)
+    named: tensors the judge owns (record's "named" refs); trusted: "judge::name" -> the judge's function."""
+    ops = check_record(record, len(inputs), part, budget)
     return _real_pass(ops, _base(record, inputs, named or {}), record, {ref for ref, _ in record["constants"]},
                       trusted or {}, budget=budget)
 
@@ -1066,7 +1062,7 @@ def _replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict
             "attention, no values computed outside the call")
     main_inputs = _flat_tensors(j_args, j_kwargs)
     try:
-        rp = replay(record, main_inputs, part=getattr(student, "part", None), budget=budget, fn=fn, **replay_kw)
+        rp = replay(record, main_inputs, part=getattr(student, "part", None), budget=budget, **replay_kw)
     except ReplayRefused as exc:
         raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay", hint=hint) from None
     # The twin only where the replay on the recorded inputs is (loosely) right: a plainly wrong result
