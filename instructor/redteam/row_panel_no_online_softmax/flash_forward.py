@@ -1,0 +1,34 @@
+# Red-team attack. `python -m instructor.redteam assemble DIR` lays the block below over the
+# current starter/flash_forward.py (everything above the marker is replaced by it).
+# ---- red-team attack (instructor/redteam): everything below is the attack ----
+
+
+def flash_forward(q, k, v, causal=False, block_q=64, block_k=64, scale=None):
+    *lead, Nq, d = q.shape
+    Nk, dv = k.shape[-2], v.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q = q.reshape(-1, Nq, d) * scale
+    kt = k.reshape(-1, Nk, d).transpose(1, 2)
+    v = v.reshape(-1, Nk, dv)
+    B = q.shape[0]
+    offset = Nk - Nq
+    o = q.new_zeros(B, Nq, dv)
+    lse = q.new_full((B, Nq), float("-inf"))
+    for b in range(B):  # one head at a time: its panel is what the storage rule sees
+        for i0 in range(0, Nq, block_q):
+            i1 = min(i0 + block_q, Nq)
+            k_end = max(0, min(Nk, i1 + offset)) if causal else Nk
+            width = min(Nk, -(-k_end // block_k) * block_k)  # whole B_c blocks: the FLOPs of the tiles
+            if width == 0:
+                continue
+            s = q[b, i0:i1] @ kt[b, :, :width]  # a B_r × (all visible keys) panel, not a tile
+            if causal:
+                rows = torch.arange(i0, i1).unsqueeze(1)
+                s = s.masked_fill(torch.arange(width) > rows + offset, float("-inf"))
+            m = s.amax(dim=-1)  # plain two-pass softmax: no online update
+            base = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+            p = torch.exp(s - base.unsqueeze(-1))
+            l = p.sum(dim=-1)
+            o[b, i0:i1] = (p @ v[b, :width]) / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1)
+            lse[b, i0:i1] = base + torch.log(l)
+    return o.reshape(*lead, Nq, dv), lse.reshape(*lead, Nq)
