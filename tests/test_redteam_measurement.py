@@ -36,6 +36,24 @@ def corpus(tmp_path_factory) -> Path:
     return dest
 
 
+def _baseline(spec: dict, corpus: Path) -> tuple[set[str], float]:
+    """For an attack built on a partly correct implementation (ATTACK.toml `baseline`: a mutation of
+    instructor/mutations/ with the same flaw and no cheat, e.g. a causal forward without block
+    skipping): the tests that honest submission passes and its points. `honest_cases`: substrings of
+    test ids where the attack's computation is correct (degenerate cases, e.g. a single segment)."""
+    name = spec.get("baseline")
+    if not name:
+        return set(), 0.0
+    folder = corpus / f"baseline_{name}"
+    if not folder.exists():
+        folder.mkdir()
+        for f in (redteam.ROOT / "solutions").glob("*.py"):
+            (folder / f.name).write_bytes(f.read_bytes())
+        assert redteam._apply_mutation(folder, name), f"no mutation {name}"
+    report = grade(folder, parts=[spec["part"]], test_sets=("public", "hidden"))
+    return {t["id"] for t in report["tests"] if t["outcome"] == "passed"}, report["parts"][0]["points"]
+
+
 def _test_name(test_id: str) -> str:
     return test_id.split("::", 1)[1].split("[", 1)[0]
 
@@ -49,7 +67,13 @@ def test_there_is_an_attack_per_measurement_class():
 _STARTER: dict[int, dict] = {}
 
 
-@pytest.mark.parametrize("name", sorted(ATTACKS))
+# Attacks that document a known hole (ATTACK.toml `undefended`): expected to succeed until it is closed;
+# strict, so that closing the hole makes this test say so.
+CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"known hole: {s['undefended']}"))
+         if s.get("undefended") else n for n, s in sorted(ATTACKS.items())]
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_attack_scores_no_more_than_an_honest_wrong_answer(name, corpus):
     spec = ATTACKS[name]
     part = spec["part"]
@@ -57,12 +81,14 @@ def test_attack_scores_no_more_than_an_honest_wrong_answer(name, corpus):
     if part not in _STARTER:
         _STARTER[part] = grade(corpus / "honest_starter", parts=[part], test_sets=("public", "hidden"))
     starter = _STARTER[part]
+    baseline_ids, baseline_points = _baseline(spec, corpus)
     passed = [t for t in report["tests"] if t["outcome"] == "passed"]
-    cheats = [t["id"] for t in passed if _test_name(t["id"]) not in HONEST_PASSES.get(name, set())]
+    cheats = [t["id"] for t in passed if _test_name(t["id"]) not in HONEST_PASSES.get(name, set())
+              and t["id"] not in baseline_ids and not any(s in t["id"] for s in spec.get("honest_cases", []))]
     assert cheats == [], f"{name} passed {len(cheats)} test(s) it has no right to: {cheats[:5]}"
     honest = sum(t["score"] for t in passed)
     points = report["parts"][0]["points"]
-    assert points <= starter["parts"][0]["points"] + honest + 1e-3, (name, points)  # points are rounded
+    assert points <= max(starter["parts"][0]["points"] + honest, baseline_points) + 1e-3, (name, points)  # rounded
     # the reason, in the feedback a student sees (public tests) and in the part's first failure
     text = " ".join([json.dumps(report["parts"][0].get("first_failure")),
                      *(t.get("message") or "" for t in report["tests"] if t["set"] == "public")]).lower()

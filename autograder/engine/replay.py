@@ -314,10 +314,21 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
 
 
 def _effective_numel(t: torch.Tensor) -> int:
+    """How many distinct elements t holds: its extent over the dims it does not broadcast (stride 0:
+    an expand), at most what its storage has room for."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
     key = _storage_key(t)
     if key is None or t.element_size() == 0:
-        return t.numel()
-    return min(t.numel(), key[1] // t.element_size())
+        return min(n, t.numel())
+    return min(n, t.numel(), key[1] // t.element_size())
+
+
+# Elementwise arithmetic that can form an outer product of two operands: each output element
+# combines one element of each (a matmul written as one of these + a sum; a / (1 / b) is a * b).
+OUTER_OPS = frozenset("mul div add sub rsub addcmul addcdiv pow maximum minimum atan2 hypot".split())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -506,6 +517,7 @@ class _Info:
     scalar_out: bool  # returns a Python number (.item() and friends)
     trusted: str | None = None  # "judge::name" ops: the judge's own function `name`
     call: Any = None  # what runs the op: the overload's C++ callable (its __call__ without the Python frame)
+    outer: bool = False  # elementwise arithmetic that can form an outer product (OUTER_OPS)
 
 
 _KINDS = {**{n: "elementwise" for n in ELEMENTWISE}, **{n: "reduction" for n in REDUCTIONS},
@@ -527,7 +539,7 @@ def _info(func: Any) -> _Info:
         info = _INFOS[func] = _Info(
             func, name, short, _KINDS.get(plain), short in VIEW_OPS, FLOP_FORMULAS.get(func.overloadpacket), positions,
             any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS,
-            call=getattr(func, "_op", func))
+            call=getattr(func, "_op", func), outer=plain in OUTER_OPS)
     return info
 
 
@@ -795,17 +807,19 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             if out64 and any(isinstance(x, Tensor) and x.dtype == f32
                              for x in (a if op.fast is not None else tree_flatten(a)[0])):
                 upcasts += 1
-            if name == "aten::mul" and got and isinstance(got[0], Tensor):
-                operands = [x for x in a if isinstance(x, Tensor)]
+            if info.outer and got and isinstance(got[0], Tensor) and got[0].is_floating_point():
                 n_out = got[0].numel()
-                if len(operands) == 2 and all(1 < _effective_numel(x) < n_out for x in operands):
+                # the operands that carry data (a one-element tensor is a number)
+                operands = [x for x in a if isinstance(x, Tensor) and _effective_numel(x) > 1]
+                if len(operands) >= 2 and all(_effective_numel(x) < n_out for x in operands):
                     shape = list(got[0].shape)
                     aligned = [[1] * (len(shape) - x.dim()) + list(x.shape) for x in operands]
-                    if any(n == 1 and all(s[i] == 1 for s in aligned) for i, n in enumerate(shape)):
+                    if info.short in ("mul", "mul_") and len(operands) == 2 and \
+                            any(n == 1 and all(s[i] == 1 for s in aligned) for i, n in enumerate(shape)):
                         # An outer product over a dim of extent 1 in both operands is a matmul whose
                         # contraction has length 1 (einsum / matmul lower it to mul for a tile with one
                         # key or one row): 2·m·1·n FLOPs, counted like any matmul.
-                        flops["aten::mul"] += 2 * n_out
+                        flops[name] += 2 * n_out
                         total += 2 * n_out
                         flops_at[-1] = total
                     else:

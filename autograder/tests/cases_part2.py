@@ -206,8 +206,8 @@ HINT_NXN = ("S and P may exist only one B_r × B_c tile at a time (§5.1): never
             "Nq × Nk score matrix per (batch, head)")
 HINT_NO_SKIP = ("causal without block skipping: every (Q block, K/V block) pair was multiplied; skip whole K/V "
                 "blocks that lie entirely above the diagonal, never loading them (§6.2 block skipping)")
-HINT_HIDDEN_MATMUL = ("part of the attention is computed as a broadcast multiply + sum ({elems:,} products): "
-                      "that is a matmul hidden from the matmul count; use @ / torch.matmul on the tiles")
+HINT_HIDDEN_MATMUL = ("part of the attention is computed as a broadcast multiply (or divide) + sum ({elems:,} "
+                      "products): that is a matmul hidden from the matmul count; use @ / torch.matmul on the tiles")
 HINT_FEWER = ("fewer matmul FLOPs than the tiles need: a (Q block, K/V block) pair that has visible keys was "
               "skipped (the diagonal block? the ragged last block?), or part of the work is not a torch matmul (a "
               "broadcast multiply + sum counts no matmul FLOPs: use @ / torch.matmul on the tiles)")
@@ -260,6 +260,15 @@ def separates(case: AttnCase) -> bool:
     return 2 * legit <= case.nq * case.nk * itemsize
 
 
+def check_no_hidden_matmul(products: int, fn: str, inputs: dict) -> None:
+    """No outer product built by elementwise arithmetic (a * b, a / (1 / b), addcmul, ... of two smaller
+    tensors): with a sum it is a matmul the FLOP count cannot see, so skipped or repeated work would
+    hide in it (replay.OUTER_OPS)."""
+    check(not products, what=f"every product of tiles inside {fn} is a matmul (no broadcast multiply or divide + sum)",
+          detail=f"{products:,} elements were made by elementwise ops combining two smaller tensors (outer products)",
+          hint=HINT_HIDDEN_MATMUL.format(elems=products), inputs=inputs)
+
+
 def check_trace_common(trace: dict[str, Any], *, fn: str, nq: int, nk: int, itemsize: int, inputs: dict,
                        fused_hint: str = HINT_FUSED, nxn_hint: str = HINT_NXN, upcasts: int = 0,
                        float32: bool = False, storage: bool = True) -> None:
@@ -269,6 +278,7 @@ def check_trace_common(trace: dict[str, Any], *, fn: str, nq: int, nk: int, item
     fused = trace["fused_attention_ops"]
     check(not fused, what=f"no fused attention op inside {fn}", detail=f"the call dispatched {', '.join(fused)}",
           hint=fused_hint, inputs=inputs)
+    check_no_hidden_matmul(trace.get("broadcast_product_elems", 0), fn, inputs)
     if not storage:
         return
     nxn = nq * nk * itemsize

@@ -33,7 +33,7 @@ from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
 from . import probes as pb
-from .cases_part2 import DTYPES, close_or_diagnose
+from .cases_part2 import DTYPES, check_no_hidden_matmul, close_or_diagnose
 
 HINT_VIEWS = ("split_kv must return views of k and v (slicing or torch.tensor_split), not copies: Flash-Decoding "
               "splits the cache without moving it (§8.4)")
@@ -244,6 +244,7 @@ def decode_flops_bounds(case: DecodeCase) -> tuple[int, int]:
 def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tensor, inputs: dict) -> None:
     """The replayed flash_decode: input dtype, FLOPs within decode_flops_bounds, split attention."""
     check_no_upcast(rp, q, "flash_decode", inputs)
+    check_no_hidden_matmul(rp.broadcast_product_elems, "flash_decode", inputs)
     low, high = decode_flops_bounds(case)
     got = rp.matmul_flops
     hint = HINT_DECODE_FLOPS
@@ -254,8 +255,8 @@ def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tenso
     check(low <= got <= high, what="matmul FLOPs of flash_decode = 4·Nq·Nk·d per (batch, head)",
           detail=f"counted {got:,}, expected {low:,}{extra}", hint=hint, inputs=inputs)
     longest = max(split_lengths(case.nk, case.num_splits) or [0])
-    if case.num_splits > 1 and longest < case.nk and case.nk not in (case.d, case.nq):
-        spanning = [s for s in rp.new_storage_shapes() if s and s[-1] == case.nk]
+    if case.num_splits > 1 and longest < case.nk and case.nk not in (case.d, case.nq, case.num_splits, *case.lead):
+        spanning = [s for s in rp.new_storage_shapes() if case.nk in s]  # along any dim (scores or their transpose)
         check(not spanning, what="flash_decode attends to each segment on its own (no tensor spans all Nk keys)",
               detail=f"new tensors of shapes {spanning[:3]} span all {case.nk} keys; the longest segment has "
                      f"{longest}", hint=HINT_DECODE_SPLIT, inputs=inputs)
