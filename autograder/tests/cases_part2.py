@@ -206,8 +206,9 @@ HINT_NXN = ("S and P may exist only one B_r × B_c tile at a time (§5.1): never
             "Nq × Nk score matrix per (batch, head)")
 HINT_NO_SKIP = ("causal without block skipping: every (Q block, K/V block) pair was multiplied; skip whole K/V "
                 "blocks that lie entirely above the diagonal, never loading them (§6.2 block skipping)")
-HINT_HIDDEN_MATMUL = ("part of the attention is computed as a broadcast multiply (or divide) + sum ({elems:,} "
-                      "products): that is a matmul hidden from the matmul count; use @ / torch.matmul on the tiles")
+HINT_HIDDEN_MATMUL = ("part of the attention is computed as a broadcast multiply + sum (or divide, addcmul, ... + sum; "
+                      "{elems:,} products): that is a matmul hidden from the matmul count; use @ / torch.matmul on the "
+                      "tiles")
 HINT_FEWER = ("fewer matmul FLOPs than the tiles need: a (Q block, K/V block) pair that has visible keys was "
               "skipped (the diagonal block? the ragged last block?), or part of the work is not a torch matmul (a "
               "broadcast multiply + sum counts no matmul FLOPs: use @ / torch.matmul on the tiles)")
