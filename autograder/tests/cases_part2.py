@@ -298,6 +298,12 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
     trace = rp.as_trace()
     check_trace_common(trace, fn="flash_forward", nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize,
                        inputs=inputs, upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
+    tile = min(case.block_k, case.nk)
+    limit = lambda what: tile if "tiles" not in what else max(case.block_q, case.block_k, case.d)  # noqa: E731
+    wide = [(what, n) for what, _, n in key_extents(rp) if n > limit(what)]
+    check(not wide, what="flash_forward multiplies one (Q block, K/V block) tile at a time",
+          detail=(f"{wide[0][0]} spans {wide[0][1]} keys; a K/V block has B_c = {tile}" if wide else ""),
+          hint=HINT_PANEL, inputs=inputs)
     if not matmul_flops_defined(case):
         return
     expected, full = forward_flops(case), forward_flops(case, causal=False)
@@ -309,6 +315,49 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
           detail=(f"counted {trace['matmul_flops']:,}, expected {expected:,}"
                   + (f" ({pairs} of {total} block pairs; all pairs would be {full:,})" if case.causal else "")),
           hint=flops_hint(trace["matmul_flops"], expected, full, trace), inputs=inputs)
+
+
+HINT_PANEL = ("S = Q Kᵀ and P̃ V exist one B_r × B_c tile at a time (§5.1): loop over the K/V blocks with the online "
+              "softmax (rescale m, ℓ and O per block, §4.3) instead of scoring a row block against many keys at once")
+_MATMULS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}
+
+
+def key_extents(rp: replay.Replayed, n_inputs: int = 3) -> list[tuple[str, int, int]]:
+    """For each matmul of the replay that multiplies q-derived data with k- or v-derived data: (what,
+    op index, how many keys it spans). What each tensor derives from is followed through every op of
+    the replay (inputs 0, 1, 2 = q, k, v). S = Q·Kᵀ spans the k side's free dim; P̃·V its contraction.
+    When both sides derive from q (mixed on purpose), every dim of both must fit a tile: the largest
+    of them is reported."""
+    Q, K, V = 1, 2, 4
+    mask = {i: (Q, K, V)[i] for i in range(min(n_inputs, 3))}
+    found = []
+    for index, op in enumerate(rp.prepared):
+        m = 0
+        for ref in op.reads:
+            m |= mask.get(ref, 0)
+        for leaf in op.leaves:
+            if type(leaf) is int:
+                mask[leaf] = mask.get(leaf, 0) | m
+        where = _MATMULS.get(op.info.short)
+        if where is None or op.fast is None:
+            continue
+        slots = dict(op.fast[1])
+        if where[0] not in slots or where[1] not in slots:
+            continue
+        (ra, rb) = slots[where[0]], slots[where[1]]
+        a, b = rp.env.get(ra), rp.env.get(rb)
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 2 or b.dim() < 2:
+            continue
+        ma, mb = mask.get(ra, 0), mask.get(rb, 0)
+        if not (ma | mb) & Q or not (ma | mb) & (K | V):
+            continue
+        if bool(ma & Q) == bool(mb & Q):  # both (or neither) derive from q: no side is the key side
+            found.append(("a product of q- and k/v-derived tiles", index, max(*a.shape[-2:], *b.shape[-2:])))
+        elif ma & Q:  # A is the query side: B is Kᵀ (free dim: keys) or V (contraction: keys)
+            found.append(("S = Q·Kᵀ", index, b.shape[-1]) if not ma & K else ("P̃·V", index, b.shape[-2]))
+        else:  # B is the query side: A is K (free dim: keys) or Vᵀ (contraction: keys)
+            found.append(("Sᵀ = K·Qᵀ", index, a.shape[-2]) if not mb & K else ("Vᵀ·P̃ᵀ", index, a.shape[-1]))
+    return found
 
 
 def check_forward_trace(student, case: AttnCase, *, hidden: bool = False) -> None:
