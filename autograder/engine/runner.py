@@ -29,6 +29,7 @@ from .checks import CheckFailure
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
     prepare_submission
 from .rubric import Rubric, load_rubric
+from ..scenarios.tracing import paused_gc
 
 DEFAULT_TESTS_DIR = AUTOGRADER_DIR / "tests"  # the test functions and their public cases (shipped)
 DEFAULT_HIDDEN_DIR = REPO_ROOT / "instructor" / "hidden_tests"  # hidden cases (instructor only)
@@ -125,6 +126,12 @@ class GradingPlugin:
         if info is None:
             raise RuntimeError("test bug: the student fixture is only for tests with a part marker")
         return StudentProxy(self.engine, info["part"], info["nodeid"], test_set=info["set"])
+
+    # -- memory ----------------------------------------------------------------------------
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        # Automatic collection is off while the tests run (grade(): it walked the judge's objects again
+        # and again, ~1 s of a full grade); each test's cyclic garbage (tracebacks holding replays) goes here.
+        gc.collect(0)
 
     # -- outcomes ------------------------------------------------------------------------
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -448,8 +455,9 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                         "-p", "no:unraisableexception", "-p", "no:threadexception", "-p", "no:faulthandler",
                         "--import-mode=importlib", "-m", markers, "-p", "no:terminal"]
                 _freeze_imports()
-                with _pytest_env():
+                with _pytest_env(), paused_gc():
                     code = pytest.main(args, plugins=[plugin])
+                gc.collect()
                 if code not in (0, 1, 5):  # 5: nothing collected (reported per part)
                     errors.append(f"pytest stopped with exit code {int(code)}")
         finally:
