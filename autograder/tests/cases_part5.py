@@ -138,6 +138,11 @@ def check_call_flops(rp: replay.Replayed, sizes: list[int], max_len: int, batch:
                      f"recomputing all {start + c} tokens would cost about {call_flops_bound(start + c, max_len, batch):,}",
               hint=HINT_RECOMPUTE, inputs=inputs)
         start += c
+    total = sum(call_flops_bound(c, max_len, batch) for c in sizes)  # the marks come from the worker: whole program too
+    check(rp.matmul_flops <= total, what="forward_with_cache computes only the new tokens against the cache (no "
+                                         "recompute)", detail=f"{rp.matmul_flops:,} matmul FLOPs in all calls; the new "
+                                                              f"tokens with the cache need at most {total:,}",
+          hint=HINT_RECOMPUTE, inputs=inputs)
 
 
 @torch.no_grad()
@@ -386,18 +391,25 @@ def replayed_generations(student, prompts: list[list[int]], groups: list[list[in
           detail=f"the replay returned {type(res).__name__}, expected one result per generate() call",
           hint=HINT_GENERATE)
     marks = rp.marks.get("call", [])
+    check(len(marks) == len(batches) + 1, what=f"{what}: the record marks every generate() call",
+          detail=f"{len(marks)} marks for {len(batches)} calls", hint=HINT_GENERATE)
     for n, (x, got) in enumerate(zip(xs, res)):
         b, t0 = x.shape
         check(type(got) is torch.Tensor and got.dtype == torch.long and tuple(got.shape) == (b, t0 + max_new_tokens),
               what=f"{what}: generate() returns the prompt and its continuation",
               detail=f"expected a ({b}, {t0} + {max_new_tokens}) long tensor for a batch of {b} prompts of {t0} tokens, "
                      f"got {_describe(got)}", hint=HINT_GENERATE)
-        if use_cache and len(marks) == len(batches) + 1:
+        if use_cache:
             most = generate_flops_bound(t0, b, max_new_tokens)
             used = rp.flops_between(marks[n], marks[n + 1])
             check(used <= most, what=what + ": the cache is used (no recompute of earlier tokens)",
                   detail=f"{used:,} matmul FLOPs for a batch of {b} prompts of {t0} tokens; a cached generate needs "
                          f"at most {most:,}", hint=HINT_RECOMPUTE)
+    if use_cache:  # the marks come from the worker: the whole program is bounded too, whatever they say
+        most = sum(generate_flops_bound(x.shape[1], x.shape[0], max_new_tokens) for x in xs)
+        check(rp.matmul_flops <= most, what=what + ": the cache is used (no recompute of earlier tokens)",
+              detail=f"{rp.matmul_flops:,} matmul FLOPs in all; cached generates need at most {most:,}",
+              hint=HINT_RECOMPUTE)
     return [r.tolist() for r in res], [w.tolist() for w in want]
 
 
