@@ -7,11 +7,24 @@ check_close applies rule 1 (with `plain`: max error <= factor × plain's error +
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 import torch
 
 from .tolerances import DEFAULT_ATOL, FLOAT64_ATOL  # noqa: F401  (the rules live in tolerances.py)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """The judge's references and model runs use small tensors: extra OpenMP threads only wait (measured:
+    50x slower on 2 loaded cores), so run them on one thread and restore the setting afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 class CheckFailure(AssertionError):

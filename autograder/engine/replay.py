@@ -236,7 +236,7 @@ def _is_ref(x: Any) -> bool:
 # Ops whose outputs are views (no new memory): the meta pass takes their shapes from the record's
 # claim (bounded like any tensor), and the real pass checks the claim before anything reads them.
 # The recorder states that claim for exactly these ops (and any whose schema returns an alias).
-from autograder.scenarios.tracing import VIEW_OPS, paused_gc  # noqa: E402 -- one definition of the record format
+from autograder.scenarios.tracing import _PLAIN, VIEW_OPS, paused_gc  # noqa: E402 -- one definition of the record format
 
 
 def _claims(out: Any) -> list[tuple[list[int], list[int], str] | None]:
@@ -569,17 +569,8 @@ class _Op:
         else:
             self.reads = _arg_refs(args) + _arg_refs(list(kwargs.values()))
 
-    @property
-    def func(self) -> Any:
-        return self.info.func
-
-    @property
-    def name(self) -> str:
-        return self.info.name
-
 
 _NO_TENSORS: dict[int, Any] = {}
-_PLAIN = (type(None), bool, int, float, str)
 
 
 def _flat(items: list) -> tuple[list, list] | None:

@@ -28,7 +28,6 @@ T(T+1)/2 formula it reproduces when Nq = Nk = T·B.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from autograder.engine.checks import CheckFailure, check, check_close
+from autograder.engine.checks import CheckFailure, check, check_close, one_thread
 from course import gpusim
 from course.reference import attention_plain, attention_reference, causal_mask
 
@@ -332,23 +331,11 @@ def run(student, case: KernelCase) -> tuple[dict, Judged]:
     return res
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """The references are small (N <= 256): one thread. On a busy machine torch's thread pool
-    spends far longer waiting for its threads than computing (measured: 50x on 2 loaded cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def _values_failure(j: Judged, case: KernelCase, inputs) -> CheckFailure | None:
     """o and lse of a replay against float64 attention on that replay's inputs (None: right)."""
     if j.values is not False:
         return j.values
-    with _one_thread():
+    with one_thread():
         ref_o, ref_lse = attention_reference(j.q, j.k, j.v, case.causal)
         plain_o, plain_lse = attention_plain(j.q, j.k, j.v, case.causal)
     atol_o, atol_lse = tolerances(case, j.v)

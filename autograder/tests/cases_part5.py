@@ -32,8 +32,6 @@ float64 runs use ATOL64 against the float64 uncached model.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -42,7 +40,7 @@ import torch
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
-from autograder.engine.checks import CheckFailure, check, check_close
+from autograder.engine.checks import CheckFailure, check, check_close, one_thread
 from course import likesworld
 from course.tiny_transformer import TinyTransformer, load_checkpoint, rope
 
@@ -82,16 +80,6 @@ HINT_RECOMPUTE = ("forward_with_cache must not recompute the cached tokens: proj
 # The trusted side: the course model, and a small reference cache that can reproduce the known bugs
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """The judge's own model runs use tiny tensors: extra OpenMP threads only wait (for seconds on a
-    busy machine), so run them on one thread and restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 @lru_cache(maxsize=None)
