@@ -1,5 +1,3 @@
-# Red-team attack. `python -m instructor.redteam assemble DIR` lays the block below over the
-# current starter/flash_forward.py (everything above the marker is replaced by it).
 # ---- red-team attack (instructor/redteam): everything below is the attack ----
 
 
