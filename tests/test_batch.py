@@ -271,7 +271,7 @@ def test_a_hanging_or_dying_judge_is_replaced_and_the_batch_completes(tmp_path):
 def test_student_view_hides_hidden_details_and_truncates_output():
     report = fake_grade(ROOT / "solutions", parts=[1])
     view = student_view(report)
-    assert view["errors"] == ["a hidden test could not run (the instructor has the details)"]
+    assert view["errors"] == []  # whether a hidden test could not run would be one more bit out
     public = next(t for t in view["tests"] if t["set"] == "public")
     assert len(public["output"]) < 2200 and "truncated" in public["output"]
     assert all("output" not in t for t in view["tests"] if t["set"] == "hidden")

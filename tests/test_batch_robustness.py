@@ -218,10 +218,9 @@ def test_any_names_and_layouts_give_one_row_per_entry_with_reasons(tmp_path_fact
                                      st.lists(st.one_of(st.text(), st.integers()), max_size=4))))
 def test_any_worker_error_record_becomes_one_clean_bounded_line(err):
     e = _student_error(err, "online_softmax.naive_softmax", "naive_softmax")
-    for text in (str(e), e.redacted()):
-        assert "\n" not in text and "\r" not in text and len(text) <= 600 and _printable(text)
-        text.encode("utf-8")  # no lone surrogates
-    assert e.redacted().endswith("(hidden test: details are not shown)") or e.kind not in ("exception",)
+    text = str(e)
+    assert "\n" not in text and "\r" not in text and len(text) <= 600 and _printable(text)
+    text.encode("utf-8")  # no lone surrogates
 
 
 @given(st.one_of(st.text(), st.binary()))

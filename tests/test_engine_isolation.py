@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from autograder.engine import grade
+from autograder.engine.runner import hidden_verdict
 
 RUBRIC = """
 [limits]
@@ -73,12 +74,14 @@ from autograder.engine.cases import cases
 
 @cases()  # hidden cases only
 def test_hidden_add(student, case):
+    """add(x, 1) on a hidden input."""
     x = torch.full((3,), float(case))
     check_close(student.call("probe.add", x, 1.0), x.double() + 2, what="add(x, 1) on a hidden input",
                 inputs={"x": x}, hint="add one")
 
 @cases()
 def test_hidden_leak(student, case):
+    """leak(x, how) returns."""
     student.call("probe.leak", torch.full((2,), 41.0), case)
 '''
 
@@ -310,14 +313,15 @@ def test_hidden_failures_are_named_but_not_revealed(probe, tmp_path):
                                          "hidden/test_part1_probe.py::test_hidden_add[1]",
                                          "hidden/test_part1_probe.py::test_hidden_leak[0]",
                                          "hidden/test_part1_probe.py::test_hidden_leak[1]"]
-    # only text the judge wrote: no exception name or message, qualname, file name or line
-    assert hidden[2]["message"] == "calling probe.leak raised an exception (hidden test: details are not shown)"
-    assert hidden[3]["message"].startswith("the worker exited during probe.leak;")
+    # only text the judge wrote, the same however each failed: no exception name or message, qualname,
+    # file name, line, exit status, nor which check failed
+    assert hidden[2]["message"] == hidden[3]["message"] == hidden_verdict("leak(x, how) returns.", None)["message"]
+    assert hidden[0]["message"] == hidden[1]["message"] == hidden_verdict("add(x, 1) on a hidden input.", None)["message"]
     text = repr(hidden)
     for secret in ("41", "43", "secret", "(3,)"):
         assert secret not in text, secret
     assert all("output" not in t for t in hidden)  # the student printed the input
-    assert "hint: add one" in hidden[0]["message"]
+    assert "hint: add one" not in hidden[0]["message"]  # the check's own hint would tell the checks apart
     # unredacted for the instructor
     full = run(probe, sub, parts=[1], test_sets=("hidden",), redact_sets=())
     assert "hidden-41" in full["tests"][0]["id"] and "max abs error" in full["tests"][0]["message"]

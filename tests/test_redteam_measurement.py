@@ -93,6 +93,12 @@ def test_attack_scores_no_more_than_an_honest_wrong_answer(name, corpus):
     text = " ".join([json.dumps(report["parts"][0].get("first_failure")),
                      *(t.get("message") or "" for t in report["tests"] if t["set"] == "public")]).lower()
     assert any(e.lower() in text for e in spec["expect"]), f"{name}: none of {spec['expect']} in {text[:600]}"
+    # however it failed them, the failed hidden cases of one test read the same (runner.hidden_verdict)
+    verdicts: dict[str, set[str]] = {}
+    for t in report["tests"]:
+        if t["set"] != "public" and t["outcome"] != "passed":
+            verdicts.setdefault(_test_name(t["id"]), set()).add(json.dumps([t["outcome"], t["message"]]))
+    assert all(len(v) == 1 for v in verdicts.values()), f"{name}: hidden verdicts differ: {verdicts}"
     # an attack that tries to carry hidden inputs out names the text it writes: never in hidden feedback
     if spec.get("leak"):
         hidden_text = json.dumps([t for t in report["tests"] if t["set"] != "public"]

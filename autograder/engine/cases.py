@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -24,9 +24,25 @@ SET_MARK = "test_set"
 NO_CASES_MARK = "no_cases"
 
 
-def cases(*public: Any) -> pytest.MarkDecorator:
-    """Mark a test `def test_x(student, case)` with its public cases."""
-    return getattr(pytest.mark, CASES_MARK)(*public)
+def cases(*public: Any, diagnosis: Callable[[Any], str | None] | None = None) -> pytest.MarkDecorator:
+    """Mark a test `def test_x(student, case)` with its public cases.
+
+    diagnosis(student) -> hint text: the hint of a HIDDEN failure of the test. The judge runs it
+    once per grade, after the tests, in a worker that has seen no hidden input, and it calls the
+    student only on the judge's own fixed probe inputs (runner.py), so the hint is the same for every
+    hidden case of the test, whichever way each one failed. Public failures keep their check's hint."""
+    return getattr(pytest.mark, CASES_MARK)(*public, **({"diagnosis": diagnosis} if diagnosis else {}))
+
+
+def diagnosis_of(item: pytest.Item) -> Callable[[Any], str | None] | None:
+    mark = item.get_closest_marker(CASES_MARK)
+    return mark.kwargs.get("diagnosis") if mark is not None else None
+
+
+def what_it_checks(function: Callable[..., Any] | None) -> str:
+    """A test function's docstring, first paragraph, as one line: what a hidden failure says it checked."""
+    doc = (getattr(function, "__doc__", None) or "").strip().split("\n\n", 1)[0] if function is not None else ""
+    return " ".join(doc.split())
 
 
 def case_id(case: Any) -> str:

@@ -40,40 +40,32 @@ class CheckFailure(AssertionError):
         self.expected_value, self.actual_value, self.allowed = expected_value, actual_value, allowed
         super().__init__(self.message())
 
-    def message(self, redact: bool = False) -> str:
-        """Several lines: what was checked, inputs, errors and where, hint. `redact` (hidden
-        tests) keeps only what was checked and the hint: no inputs, values or positions."""
+    def message(self) -> str:
+        """Several lines: what was checked, inputs, errors and where, hint. (A hidden test shows none
+        of it: runner.hidden_verdict.)"""
         lines = [f"checked: {self.what}"]
-        if redact:
-            lines.append("result: wrong (hidden test: inputs and values are not shown)")
-        else:
-            if self.inputs:
-                lines.append("inputs: " + ", ".join(f"{k} {v}" for k, v in self.inputs.items()))
-            if self.detail:
-                lines.append(self.detail)
-            if self.max_abs is not None:
-                at = f" at {list(self.index)}" if self.index is not None else ""
-                vals = ""
-                if self.expected_value is not None:
-                    vals = f" (expected {self.expected_value:.6g}, got {self.actual_value:.6g})"
-                rel = f"; max rel error {self.max_rel:.3g}" if self.max_rel is not None else ""
-                lines.append(f"max abs error {self.max_abs:.3g}{at}{vals}{rel}")
-            if self.allowed:
-                lines.append(f"allowed: {self.allowed}")
+        if self.inputs:
+            lines.append("inputs: " + ", ".join(f"{k} {v}" for k, v in self.inputs.items()))
+        if self.detail:
+            lines.append(self.detail)
+        if self.max_abs is not None:
+            at = f" at {list(self.index)}" if self.index is not None else ""
+            vals = ""
+            if self.expected_value is not None:
+                vals = f" (expected {self.expected_value:.6g}, got {self.actual_value:.6g})"
+            rel = f"; max rel error {self.max_rel:.3g}" if self.max_rel is not None else ""
+            lines.append(f"max abs error {self.max_abs:.3g}{at}{vals}{rel}")
+        if self.allowed:
+            lines.append(f"allowed: {self.allowed}")
         if self.hint:
             lines.append(f"hint: {self.hint}")
         return "\n".join(lines)
 
-    def as_dict(self, redact: bool = False) -> dict:
-        hidden = redact
+    def as_dict(self) -> dict:
         return {
-            "what": self.what, "hint": self.hint, "kind": self.kind,
-            "inputs": None if hidden else self.inputs,
-            "detail": None if hidden else (self.detail or None),
-            "max_abs_err": None if hidden else _num(self.max_abs),
-            "max_rel_err": None if hidden else _num(self.max_rel),
-            "index": None if hidden or self.index is None else list(self.index),
-            "allowed": None if hidden else self.allowed,
+            "what": self.what, "hint": self.hint, "kind": self.kind, "inputs": self.inputs,
+            "detail": self.detail or None, "max_abs_err": _num(self.max_abs), "max_rel_err": _num(self.max_rel),
+            "index": None if self.index is None else list(self.index), "allowed": self.allowed,
         }
 
 

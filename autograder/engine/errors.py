@@ -3,22 +3,6 @@ from __future__ import annotations
 
 from . import sanitize
 
-# What a hidden test's failure says, per kind: text the judge wrote, nothing else. The kind itself
-# is one of this fixed set (judge.py maps anything else to "exception").
-_HIDDEN_TEXT = {
-    "not_implemented": "not implemented yet — {name} raises NotImplementedError",
-    "exception": "calling {target} raised an exception",
-    "import": "importing the file of {target} failed (the public tests show why)",
-    "exit": "the worker exited during {target}; a graded function must return, not exit",
-    "memory": "calling {target} ran out of memory",
-    "timeout": "calling {target} took longer than its time limit",
-    "crash": "the worker crashed during {target}",
-    "output": "calling {target} printed more output than the limit",
-    "not_plain": "{target} returned something that is not plain data (tensors, numbers, tuples, lists, dicts)",
-    "protocol": "the worker sent malformed data during {target}",
-}
-HIDDEN_SUFFIX = " (hidden test: details are not shown)"
-
 
 class StudentError(Exception):
     """A call into student code did not return plain data. str() is one line for the feedback.
@@ -38,13 +22,3 @@ class StudentError(Exception):
         self.where = (sanitize.line(where[0], 100), where[1] if type(where[1]) is int else 0) if where else None
         self.detail = sanitize.block(detail, 4000) if detail else ""
         self.exc_type = sanitize.line(exc_type, 80) if exc_type is not None else None
-
-    def redacted(self) -> str:
-        """The failure of a hidden test: only text the judge wrote (the kind and the judge's own
-        target name). No exception name or message, type name, qualname, file name, line, exit
-        status or signal: a submission chooses each of them and could spell a hidden input in it."""
-        template = _HIDDEN_TEXT.get(self.kind)
-        if template is None:  # missing, refused, gave_up: decided before the call, from judge-side facts
-            return str(self)
-        name = self.target.rsplit(".", 1)[-1]
-        return template.format(target=self.target, name=name) + HIDDEN_SUFFIX

@@ -41,7 +41,8 @@ class StudentProxy:
 
     @property
     def hidden(self) -> bool:
-        """True in a hidden case: checks then leave the inputs out of their messages."""
+        """True in a hidden case and in a hidden failure's diagnosis: checks and probes then leave the
+        inputs and the submission's own messages out of what they say."""
         return self.test_set != "public"
 
     def with_timeout(self, seconds: float) -> "StudentProxy":
@@ -98,9 +99,13 @@ class Engine:
             if f in self.sub.problems:
                 raise StudentError(self.sub.problems[f], kind="missing", target=target)
         if self.worker_set not in (None, proxy.test_set):
-            # A worker that saw hidden inputs never serves a public call (whose output is shown),
-            # nor the other way round: no state passes between the sets, across parts too.
+            # A worker that saw hidden inputs never serves a public call (whose output is shown) nor a
+            # hidden failure's diagnosis, nor the other way round: no state passes between the sets,
+            # across parts too. The sandbox also clears what the old worker left in shared folders.
             self.pool.discard(spare=False)
+            sweep = getattr(self.pool.prefix, "sweep", None)
+            if callable(sweep):
+                sweep()
         self.worker_set = proxy.test_set
         state = self.parts.setdefault(proxy.part, PartState())
         if state.losses >= limits.max_losses:
@@ -135,7 +140,7 @@ class Engine:
 def _student_error(err: Any, target: str, name: str) -> StudentError:
     """The worker's error record (plain data, every field chosen by the submission) as a StudentError.
     Fields are cut and cleaned to one printable line here, at the boundary (sanitize.py); the kind
-    is one of a fixed set. A hidden test shows none of them (StudentError.redacted)."""
+    is one of a fixed set. A hidden test shows none of them (runner.hidden_verdict)."""
     if type(err) is not dict:
         return StudentError(f"{target} failed", kind="protocol", target=target)
     kind = err.get("kind")

@@ -9,6 +9,7 @@ nothing outside the tests folder (least of all the submission's folder) takes pa
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -19,13 +20,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import pytest
 
 from . import cases as case_sets
 from . import sanitize, static
-from .checks import CheckFailure
+from .checks import CheckFailure, one_thread
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
     prepare_submission
 from .rubric import Rubric, load_rubric
@@ -53,6 +54,9 @@ class GradingPlugin:
         self.by_id: dict[str, dict] = {}
         self.results: dict[str, dict] = {}  # nodeid -> {"outcome", "exc"}
         self.errors: list[str] = []
+        self.diagnoses: dict[str, Callable[[Any], Any] | None] = {}  # nodeid -> its @cases(diagnosis=...)
+        self.pending: dict[Any, tuple[Callable[[Any], Any], int]] = {}  # diagnoses that failed hidden tests need
+        self.hints: dict[Any, str | None] = {}  # diagnosis key -> the hint it gave (run_hidden_diagnoses)
 
     # -- configuration and collection ------------------------------------------------------
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -103,7 +107,9 @@ class GradingPlugin:
                 drop.append(item)
                 continue
             info = {"nodeid": item.nodeid, "part": numbers[0], "set": self._test_set(item),
-                    "function": getattr(item, "originalname", None) or item.name, "order": len(keep)}
+                    "function": getattr(item, "originalname", None) or item.name, "order": len(keep),
+                    "checks": case_sets.what_it_checks(getattr(item, "function", None))}
+            self.diagnoses[item.nodeid] = case_sets.diagnosis_of(item)
             item.stash[_INFO] = info
             keep.append(item)
         set_rank = {s: i for i, s in enumerate(TEST_SETS)}
@@ -155,11 +161,49 @@ class GradingPlugin:
                 else:
                     res["outcome"] = "error"
                 res["text"] = _short_text(report, exc)
-                self.failed_parts.add(self.by_id[item.nodeid]["part"])
+                info = self.by_id[item.nodeid]
+                self.failed_parts.add(info["part"])
+                fn = self.diagnoses.get(item.nodeid)
+                if fn is not None and info["set"] in self.redact_sets:
+                    self.pending.setdefault(_diagnosis_key(fn), (fn, info["part"]))
         return report
+
+    # -- hidden failures' hints ----------------------------------------------------------
+    def run_hidden_diagnoses(self) -> None:
+        """Run each diagnosis that a failed hidden test needs, once, after all the tests (grade()).
+
+        A hidden verdict is one bit chosen by the submission (passed or not): its text is the test's
+        docstring and this hint. The hint comes from calls on the judge's own fixed probe inputs, in a
+        worker that has seen no hidden input (test set "diagnosis": Engine.request replaces the hidden
+        worker and clears what it left), so it is the same for every hidden case of a test and carries
+        nothing of the hidden inputs, however the submission chose to fail them."""
+        for key, (fn, part) in self.pending.items():
+            proxy = StudentProxy(self.engine, part, f"diagnosis/{_diagnosis_name(fn)}", test_set="diagnosis")
+            try:
+                with one_thread():
+                    found = fn(proxy)
+            except Exception:  # noqa: BLE001 -- a diagnosis that cannot run gives no hint, never an error
+                found = None
+            text = found.message() if hasattr(found, "message") else found
+            self.hints[key] = sanitize.line(text, 800) if isinstance(text, str) and text.strip() else None
+
+    def hidden_hint(self, nodeid: str) -> str | None:
+        fn = self.diagnoses.get(nodeid)
+        return self.hints.get(_diagnosis_key(fn)) if fn is not None else None
 
 
 _INFO = pytest.StashKey[dict]()
+
+
+def _diagnosis_key(fn: Callable[..., Any]) -> Any:
+    """The same diagnosis, declared on several tests (functools.partial objects differ), runs once."""
+    if isinstance(fn, functools.partial):
+        return (fn.func, fn.args, tuple(sorted(fn.keywords.items())))
+    return fn
+
+
+def _diagnosis_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn.func if isinstance(fn, functools.partial) else fn, "__name__", "diagnosis")
 
 
 def _relevant(exc: BaseException) -> BaseException:
@@ -183,37 +227,42 @@ def _short_text(report: Any, exc: BaseException | None) -> str:
 # the report
 
 
-HIDDEN_FAILED = "failed (hidden test: details are not shown)"
+HIDDEN_ERROR_PREFIX = "hidden test "  # an error line about a hidden test (instructor only)
+HIDDEN_RESULT = "result: failed (hidden test: its inputs, its values and the way it failed are not shown)"
 
 
-def _message(res: dict, redact: bool) -> str:
-    """A failed test's message. Hidden (redacted) tests: only text the judge wrote. Public tests:
-    the check's or the call's message, cleaned (a returned string or an exception message may
-    appear in it)."""
+def hidden_verdict(checks: str, hint: str | None) -> dict:
+    """All that a failed hidden test says: the test's docstring and its diagnosis's hint
+    (GradingPlugin.run_hidden_diagnoses), text the judge wrote that is the same however the
+    submission failed. Which check failed, an exception or a timeout, a wrong value or a wrong type
+    would each be a choice of the submission, and so a channel for the hidden inputs it saw."""
+    lines = [f"checked: {checks}", HIDDEN_RESULT] + ([f"hint: {hint}"] if hint else [])
+    return {"kind": "hidden", "what": checks, "hint": hint, "message": "\n".join(lines)}
+
+
+def _message(res: dict) -> str:
+    """A failed public test's message: the check's or the call's message, cleaned (a returned string
+    or an exception message may appear in it)."""
     exc = res.get("exc")
     if isinstance(exc, CheckFailure):
-        text = exc.message(redact=redact)
+        text = exc.message()
     elif isinstance(exc, StudentError):
-        return exc.redacted() if redact else str(exc)
-    elif res["outcome"] == "error":
-        text = res["text"] if not redact else "grading error (please report it)"
-    elif redact:
-        return HIDDEN_FAILED
+        return str(exc)
     else:
         text = res.get("text", "")
     return sanitize.block(text, 2000, 40)
 
 
-def _failure_dict(info: dict, test_id: str, res: dict, redact: bool) -> dict:
+def _failure_dict(info: dict, test_id: str, res: dict) -> dict:
     exc = res.get("exc")
     out: dict[str, Any] = {"test": test_id, "set": info["set"], "kind": None, "what": None, "inputs": None,
                            "max_abs_err": None, "max_rel_err": None, "index": None, "hint": None,
-                           "message": _message(res, redact)}
+                           "message": _message(res)}
     if isinstance(exc, CheckFailure):
-        out.update(exc.as_dict(redact=redact))
+        out.update(exc.as_dict())
     elif isinstance(exc, StudentError):
         out.update(kind=exc.kind, what=f"calling {exc.target}")
-        if exc.function and not redact:  # the qualname is the submission's choice
+        if exc.function:
             out["function"] = exc.function
     else:
         out["kind"] = res["outcome"]
@@ -280,21 +329,29 @@ def build_report(plugin: GradingPlugin, sub: Any, rubric: Rubric, parts: Sequenc
             ok = res["outcome"] == "passed"
             passed += ok
             exc = res.get("exc")
-            if isinstance(exc, StudentError) and exc.kind == "not_implemented":
+            outcome, verdict = res["outcome"], None
+            if redact and not ok and outcome != "skipped":  # one uniform verdict, whatever happened
+                outcome = "failed"
+                verdict = hidden_verdict(info["checks"] or info["function"], plugin.hidden_hint(info["nodeid"]))
+            elif isinstance(exc, StudentError) and exc.kind == "not_implemented":
                 failed_ni += 1
-            entry = {"id": test_id, "part": n, "set": info["set"], "outcome": res["outcome"],
+            entry = {"id": test_id, "part": n, "set": info["set"], "outcome": outcome,
                      "score": round(max_score if ok else 0.0, 6), "max_score": round(max_score, 6),
-                     "message": "" if ok else _message(res, redact)}
+                     "message": "" if ok else verdict["message"] if verdict else _message(res)}
             out = plugin.engine.outputs.get(info["nodeid"])
             if out is not None and out.data and not redact:
                 entry["output"] = sanitize.block(out.data, 1 << 20, 1 << 16)  # already capped by the engine
             tests.append(entry)
-            statuses.append(res["outcome"])
-            if res["outcome"] == "error":
-                errors.append(f"{test_id}: a hidden test could not run (the instructor has the details)" if redact
-                              else f"{info['nodeid']}: {sanitize.line(res['text'], 500)}")
+            statuses.append(outcome)
+            if res["outcome"] == "error":  # student_view drops the hidden ones: for the instructor only
+                errors.append(f"{HIDDEN_ERROR_PREFIX}{test_id} could not run: {sanitize.line(res['text'], 300)}"
+                              if redact else f"{info['nodeid']}: {sanitize.line(res['text'], 500)}")
             if not ok:
-                fd = _failure_dict(info, test_id, res, redact)
+                if verdict is not None:
+                    fd = {"test": test_id, "set": info["set"], "inputs": None, "max_abs_err": None,
+                          "max_rel_err": None, "index": None, **verdict}
+                else:
+                    fd = _failure_dict(info, test_id, res)
                 if not redact and first is None:
                     first = fd
                 elif redact and first_hidden is None:
@@ -457,6 +514,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                 _freeze_imports()
                 with _pytest_env(), paused_gc():
                     code = pytest.main(args, plugins=[plugin])
+                    plugin.run_hidden_diagnoses()
                 gc.collect()
                 if code not in (0, 1, 5):  # 5: nothing collected (reported per part)
                     errors.append(f"pytest stopped with exit code {int(code)}")
@@ -481,11 +539,12 @@ OUTPUT_TOTAL = 20000  # characters of printed output in one view, all tests toge
 
 def student_view(report: dict) -> dict:
     """The report as a student may see it (every channel renders this): hidden tests arrive
-    redacted by the engine; here they also lose any output, the error list loses lines about
-    hidden tests, printed output is truncated, and timings go."""
+    redacted by the engine (hidden_verdict); here they also lose any output, the error list loses
+    the lines about hidden tests (whether one could not run would be one more bit), printed output
+    is truncated, and timings go."""
     view = json.loads(json.dumps(report))
-    view["errors"] = [("a hidden test could not run (the instructor has the details)" if "hidden" in e
-                       else sanitize.line(e, 500)) for e in view.get("errors", [])]
+    view["errors"] = [sanitize.line(e, 500) for e in view.get("errors", [])
+                      if not e.startswith(HIDDEN_ERROR_PREFIX) and "hidden" not in e.lower()]
     budget = OUTPUT_TOTAL
     for t in view.get("tests", []):
         if t.get("set") == "hidden":

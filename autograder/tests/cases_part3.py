@@ -359,6 +359,8 @@ def _explained(failure: CheckFailure, stats: dict, case: KernelCase, student) ->
     bytes than the allowed block pairs need) name that bug."""
     if failure.kind in ("type", "dtype", "shape"):
         return failure
+    if pb.in_hidden_test(student):
+        return failure
     found = diagnose(stats, case, student.hidden)
     try:
         probe = kernel_probe_hint(student)

@@ -667,4 +667,52 @@ def diagnose_combine_from_finding(finding: "pb.Finding") -> str | None:
     return None
 
 
-# Other parts: add your recognisers below, prefixed with your part (e.g. part5_...).
+# ---------------------------------------------------------------------------------------------------
+# Hidden failures' hints: @cases(..., diagnosis=...) of the tests. runner.py runs each once per grade,
+# after the tests, in a worker that has seen no hidden input; they call the student only on the
+# ladders' fixed probe inputs, and the recognisers look only at those probes' outputs.
+
+
+def hidden_softmax(student, fn: str) -> str:
+    return pb.softmax_ladder(student, fn).message()
+
+
+def hidden_summary(student) -> str:
+    return pb.summary_ladder(student).message()
+
+
+def hidden_merge(student, fn: str) -> str:
+    return pb.merge_ladder(student, fn).message()
+
+
+def hidden_forward(student) -> str:
+    finding = pb.forward_ladder(student)
+    return _compose(finding.message(), forward_probe_hint(finding))
+
+
+def hidden_backward(student) -> str:
+    finding = pb.backward_ladder(student)
+    return _compose(finding.message(), backward_probe_hint(finding))
+
+
+def hidden_cache(student) -> str:
+    return pb.cache_ladder(student).message()
+
+
+def hidden_partial(student) -> str:
+    return pb.partial_ladder(student).message()
+
+
+def hidden_combine(student) -> str:
+    finding = pb.combine_ladder(student)
+    return _compose(finding.message(), diagnose_combine_from_finding(finding))
+
+
+def hidden_decode(student) -> str:
+    """The first of the three part-6 ladders that finds something (the order of diagnose_decode)."""
+    for ladder in (pb.partial_ladder, pb.combine_ladder, pb.decode_ladder):
+        finding = ladder(student)
+        if finding.failed is not None:
+            extra = diagnose_combine_from_finding(finding) if ladder is pb.combine_ladder else None
+            return _compose(finding.message(), extra)
+    return f"{pb.NEUTRAL}: attention_partial, combine_partials and flash_decode are correct on every probe"

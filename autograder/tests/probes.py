@@ -102,8 +102,21 @@ def climb(rungs: list[Rung], run_one: Callable[[Rung], tuple[list[str], Any, Any
 
 
 def _hidden(student: Any) -> bool:
-    """Whether the probes serve a hidden test (unknown: treated as hidden)."""
+    """Whether the probes serve a hidden test or its diagnosis (unknown: treated as hidden)."""
     return getattr(student, "hidden", True) is not False
+
+
+def in_hidden_test(student: Any) -> bool:
+    """Inside a hidden test the checks need no probes: its verdict is uniform and shows the hint of its
+    diagnosis, which runs the ladders later in a worker that saw no hidden input (runner.py)."""
+    return getattr(student, "test_set", None) == "hidden"
+
+
+def _climb(student: Any, rungs: list[Rung], run_one: Callable[[Rung], tuple]) -> Finding:
+    """climb() for a check; nothing found, without a call, inside a hidden test (in_hidden_test)."""
+    if in_hidden_test(student):
+        return Finding([], None, [])
+    return climb(rungs, run_one, _hidden(student))
 
 
 def _tensors(lead, shapes, seed, dtype, mult=1.0):
@@ -203,7 +216,7 @@ def forward_ladder(student) -> Finding:
         o, lse = _pair(student.call("flash_forward.flash_forward", q, k, v, causal=causal, block_q=s["bq"],
                                     block_k=s["bk"], scale=scale))
         return _wrong_forward(o, lse, q, k, v, causal, scale), (o, lse), (q, k, v, s)
-    return climb(FORWARD_RUNGS, one, _hidden(student))
+    return _climb(student, FORWARD_RUNGS, one)
 
 
 def kernel_ladder(run_case: Callable[..., dict], hidden: bool = True) -> Finding:
@@ -309,7 +322,7 @@ def backward_ladder(student) -> Finding:
         wrong = [n for n, a, e, p in zip(("dq", "dk", "dv"), grads, ref, plain)
                  if not _close(a, e, p, tol.GRADIENT_FACTOR)]
         return wrong, grads, (q, k, v, o, lse, do, s)
-    return climb(BACKWARD_RUNGS, one, _hidden(student))
+    return _climb(student, BACKWARD_RUNGS, one)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -369,7 +382,7 @@ def combine_ladder(student) -> Finding:
         wrong = [n for n, a, e, b in (("o", o, ref_o, bound_o), ("lse", lse, ref_lse, bound_lse))
                  if not _close_abs(a, e, b, dtype)]
         return wrong, (o, lse), (partials, lengths), (ref_o, ref_lse)
-    return climb(COMBINE_RUNGS, one, _hidden(student))
+    return _climb(student, COMBINE_RUNGS, one)
 
 
 def _close_abs(actual, expected, bound, dtype) -> bool:
@@ -403,7 +416,7 @@ def partial_ladder(student) -> Finding:
             ok_l = type(lse) is torch.Tensor and tuple(lse.shape) == (2, 1) and bool(torch.isneginf(lse).all())
             return [n for n, ok in (("o", ok_o), ("lse", ok_l)) if not ok], (o, lse), None
         return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), None
-    return climb(PARTIAL_RUNGS, one, _hidden(student))
+    return _climb(student, PARTIAL_RUNGS, one)
 
 
 DECODE_RUNGS = [
@@ -429,7 +442,7 @@ def decode_ladder(student) -> Finding:
         out = student.scenario("part6.decode", q=q, k=k, v=v, num_splits=s["splits"], scale=s.get("scale"))
         o, lse = _pair(out["result"])
         return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), (q, k, v)
-    return climb(DECODE_RUNGS, one, _hidden(student))
+    return _climb(student, DECODE_RUNGS, one)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -477,7 +490,7 @@ def softmax_ladder(student, fn: str) -> Finding:
         ref = torch.exp(x - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse))
         ok = _close_rel(out, ref, tol.softmax_rtol(x.shape[-1], x.dtype), x.dtype)
         return ([] if ok else ["p"]), out, x
-    return climb(rungs, one, _hidden(student))
+    return _climb(student, rungs, one)
 
 
 def _close_rel(actual, expected, rtol, dtype, atol=None) -> bool:
@@ -518,7 +531,7 @@ def summary_ladder(student) -> Finding:
         wrong = [n for n, a, e, rt in (("m", m, m_ref, 0.0), ("ℓ", l, l_ref, tol.summary_rtol(x.shape[-1], x.dtype)))
                  if not _close_rel(a, e, rt, x.dtype, atol=0.0)]
         return wrong, (m, l), x
-    return climb(SUMMARY_RUNGS, one, _hidden(student))
+    return _climb(student, SUMMARY_RUNGS, one)
 
 
 def summary_of_scores(x: torch.Tensor, v: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -590,7 +603,7 @@ def merge_ladder(student, fn: str) -> Finding:
         wrong = [n for n, x, e in zip(names, got, ref) if not _close_rel(x, e, tol.merge_rtol(torch.float64),
                                                                         torch.float64, atol=1e-12)]
         return wrong, got, (a, b)
-    return climb(MERGE_RUNGS, one, _hidden(student))
+    return _climb(student, MERGE_RUNGS, one)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -627,4 +640,4 @@ def cache_ladder(student) -> Finding:
         wrong = [name for name, a, e in (("k_all", k_all, want_k), ("v_all", v_all, want_v))
                  if not (isinstance(a, torch.Tensor) and a.shape == e.shape and bool(torch.equal(a, e)))]
         return wrong, (k_all, v_all), None
-    return climb(CACHE_RUNGS, one, _hidden(student))
+    return _climb(student, CACHE_RUNGS, one)

@@ -9,6 +9,7 @@ import pytest
 from autograder.engine.cases import cases
 
 from autograder.tests import cases_part2 as C
+from autograder.tests import diagnose as dg
 from autograder.tests.cases_part2 import AttnCase
 from autograder.tests.cases_part2 import one_torch_thread  # noqa: F401  (autouse fixture)
 
@@ -31,16 +32,19 @@ TRACE = [
 ]
 
 
-@cases(*VALUES)
+@cases(*VALUES, diagnosis=dg.hidden_forward)
 def test_forward_values(student, case):
+    """flash_forward's o and lse against float64 attention, then the structure of the same replay: tiled, no N×N tensor, whole blocks skipped (§5, §6)."""
     C.check_forward_values(student, case, hidden=student.hidden)
 
 
-@cases(*MASKED)
+@cases(*MASKED, diagnosis=dg.hidden_forward)
 def test_fully_masked_rows(student, case):
+    """Causal rows that see no key (Nq > Nk) get o = 0 and lse = -inf, with no NaN (§4.4)."""
     C.check_fully_masked_rows(student, case)
 
 
-@cases(*TRACE)
+@cases(*TRACE, diagnosis=dg.hidden_forward)
 def test_forward_trace(student, case):
+    """flash_forward's structure first (matmul FLOPs, storages, keys per matmul, no fused op), then its o (§5, §6)."""
     C.check_forward_trace(student, case, hidden=student.hidden)

@@ -8,6 +8,7 @@ import pytest
 from autograder.engine.cases import cases
 
 from autograder.tests import cases_part4 as C
+from autograder.tests import diagnose as dg
 from autograder.tests.cases_part2 import AttnCase
 from autograder.tests.cases_part2 import one_torch_thread  # noqa: F401  (autouse fixture)
 
@@ -37,36 +38,43 @@ GRADCHECK = [
 ]
 
 
-@cases(*VALUES)
+@cases(*VALUES, diagnosis=dg.hidden_backward)
 def test_backward_values(student, case):
+    """flash_backward's dq, dk, dv against float64 autograd through dense attention, then the structure of the same replay (§7)."""
     C.check_backward_values(student, case, hidden=student.hidden)
 
 
-@cases(*MASKED)
+@cases(*MASKED, diagnosis=dg.hidden_backward)
 def test_backward_fully_masked_rows(student, case):
+    """Causal with Nq > Nk: no NaN in any gradient, and dq = 0 in the rows that attend no key (§4.4, §7)."""
     C.check_masked_rows_grads(student, case)
 
 
 @cases(*TRACE)
 def test_backward_trace(student, case):
+    """flash_backward's structure: no fused op, no Nq × Nk storage, matmul FLOPs 2.5× the forward's (visible blocks only), then its gradients (§7)."""
     C.check_backward_trace(student, case)
 
 
-@cases(*FUNCTION)
+@cases(*FUNCTION, diagnosis=dg.hidden_backward)
 def test_function_grads(student, case):
+    """flash_attention(...).backward(dO) through the autograd Function against float64 gradients (§7)."""
     C.check_function_grads(student, case, hidden=student.hidden)
 
 
-@cases(*APPLY)
+@cases(*APPLY, diagnosis=dg.hidden_backward)
 def test_function_apply_scale(student, case):
+    """FlashAttentionFunction.apply with an explicit scale: the scale reaches forward and backward."""
     C.check_function_apply(student, case, hidden=student.hidden)
 
 
 @cases(*SAVES)
 def test_function_saves_o_and_lse(student, case):
+    """FlashAttentionFunction keeps q, k, v, o and lse for its backward, nothing of size Nq × Nk, and its backward recomputes P (§7.2)."""
     C.check_function_saves(student, case)
 
 
-@cases(*GRADCHECK)
+@cases(*GRADCHECK, diagnosis=dg.hidden_backward)
 def test_gradcheck(student, case):
+    """torch.autograd.gradcheck of the Function in float64 on small ragged shapes."""
     C.check_gradcheck(student, case)

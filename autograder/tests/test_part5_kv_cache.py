@@ -4,6 +4,7 @@ import pytest
 from autograder.engine.cases import cases
 
 from autograder.tests import cases_part5 as C
+from autograder.tests import diagnose as dg
 
 pytestmark = pytest.mark.part5
 
@@ -18,41 +19,49 @@ CACHE = [
 UNIT = C.UnitCase()
 
 
-@cases(*CACHE)
+@cases(*CACHE, diagnosis=dg.hidden_cache)
 def test_cached_logits_every_step(student, case):
+    """forward_with_cache's logits at every call equal the model's uncached logits, with no recompute of cached tokens (§8.2)."""
     C.check_cached_logits(student, case)
 
 
-@cases(dict(seed=2, n=60, max_new_tokens=8))
+@cases(dict(seed=2, n=60, max_new_tokens=8), diagnosis=dg.hidden_cache)
 def test_generate_60_prompts_cached(student, case):
+    """generate(use_cache=True) gives the greedy tokens of the uncached model on every prompt, with the cache's FLOPs (§8.1)."""
     C.check_generate(student, **case, use_cache=True)
 
 
-@cases(dict(seed=2, n=60, max_new_tokens=8))
+@cases(dict(seed=2, n=60, max_new_tokens=8), diagnosis=dg.hidden_cache)
 def test_generate_60_prompts_recompute(student, case):
+    """generate(use_cache=False) gives the greedy tokens of the uncached model on every prompt (§8.1)."""
     C.check_generate(student, **case, use_cache=False)
 
 
-@cases(dict(seed=3, n=2, max_new_tokens=4, dtype="float64"))  # a float64 model needs a float64 cache
+@cases(dict(seed=3, n=2, max_new_tokens=4, dtype="float64"), diagnosis=dg.hidden_cache)  # a float64 model needs a float64 cache
 def test_generate_float64_model(student, case):
+    """generate with a float64 model: the cache takes the model's dtype (§8.1)."""
     C.check_generate(student, **case, use_cache=True)
 
 
-@cases()  # hidden cases only: more prompts
+@cases(diagnosis=dg.hidden_cache)  # hidden cases only: more prompts
 def test_generate_other_prompts(student, case):
+    """generate(use_cache=True) on other prompts: the greedy tokens of the uncached model (§8.1)."""
     C.check_generate(student, **case, use_cache=True)
 
 
-@cases()  # hidden cases only: a batch of prompts of different lengths
+@cases(diagnosis=dg.hidden_cache)  # hidden cases only: a batch of prompts of different lengths
 def test_generate_batched(student, case):
+    """generate on a batch of prompts: each row's greedy tokens as if generated alone (§8.1)."""
     C.check_generate_batched(student, **case)
 
 
-@cases(UNIT)
+@cases(UNIT, diagnosis=dg.hidden_cache)
 def test_cache_update_and_length(student, case):
+    """KVCache.update appends to one layer and returns its filled prefix as views of one preallocated buffer; length follows layer 0 (§8.2)."""
     C.check_cache_unit(student, case)
 
 
 @cases(dict(unit=UNIT, prefill=6, names=("overflow", "wrong_head_dim", "k_v_mismatch")))
 def test_cache_errors(student, case):
+    """KVCache.update raises ValueError, with a one-line message, on overflow, a wrong head_dim, or k and v of different shapes."""
     C.check_cache_errors(student, case["unit"], prefill=case["prefill"], names=case["names"])

@@ -3,11 +3,14 @@
 Peaked inputs (q × 40) throughout: with unit-scale inputs averaging the segment outputs is off by only
 ~1.5e-2. Split counts 1, 2, 3, 7 and more splits than keys (empty segments).
 """
+from functools import partial
+
 import pytest
 
 from autograder.engine.cases import cases
 
 from autograder.tests import cases_part6 as C
+from autograder.tests import diagnose as dg
 from autograder.tests.cases_part6 import DecodeCase
 from autograder.tests.cases_part2 import one_torch_thread  # noqa: F401  (autouse fixture)
 
@@ -29,29 +32,35 @@ TRACE = [DecodeCase((2, 3), 1, 203, 16, 7, seed=6)]
 
 @cases(*SPLITS)
 def test_split_kv(student, case):
+    """split_kv(k, v, num_splits): num_splits pairs in key order that cover every key once, as views of k and v (§8.4)."""
     C.check_split(student, case)
 
 
-@cases(*PARTIAL)
+@cases(*PARTIAL, diagnosis=dg.hidden_partial)
 def test_attention_partial(student, case):
+    """attention_partial: (o, lse) of one segment of keys against float64 attention (§8.4)."""
     C.check_partial(student, case)
 
 
-@cases(*COMBINE)  # (case, segment lengths)
+@cases(*COMBINE, diagnosis=dg.hidden_combine)  # (case, segment lengths)
 def test_combine_partials(student, case):
+    """combine_partials: ⊕ of the segments' (o, lse) equals attention over all their keys (§8.4)."""
     C.check_combine(student, *case)
 
 
-@cases(*EMPTY)
+@cases(*EMPTY, diagnosis=dg.hidden_combine)
 def test_combine_all_empty(student, case):
+    """combine_partials of empty segments only: o = 0 and lse = -inf, no NaN (§4.4)."""
     C.check_combine_all_empty(student, case)
 
 
-@cases(*DECODE)
+@cases(*DECODE, diagnosis=dg.hidden_decode)
 def test_flash_decode(student, case):
+    """flash_decode: split, attend per segment, combine; o and lse against float64 attention (§8.4)."""
     C.check_decode(student, case, hidden=student.hidden)
 
 
-@cases(*TRACE)
+@cases(*TRACE, diagnosis=dg.hidden_decode)
 def test_flash_decode_trace(student, case):
+    """flash_decode's structure: no fused op, matmul FLOPs within the split's bounds, no matmul over all the keys, then its o (§8.4)."""
     C.check_decode_trace(student, case)
