@@ -151,3 +151,69 @@ def test_every_graded_test_says_what_it_checks():
                for node in ast.parse(path.read_text()).body
                if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and not ast.get_docstring(node)]
     assert missing == []
+
+
+DIAGNOSED_TESTS = '''
+import pytest
+import torch
+
+from autograder.engine.cases import cases
+from autograder.engine.checks import check_close
+
+pytestmark = pytest.mark.part1
+
+
+def diagnosis(student):
+    x = torch.zeros(2, 3)  # a fixed probe input of the judge
+    out = student.call("online_softmax.naive_softmax", x)
+    return "the probe is right" if torch.allclose(out, torch.softmax(x, -1)) else "the probe is wrong"
+
+
+@cases(0, diagnosis=diagnosis)
+def test_probe(student, case):
+    """naive_softmax(x) against float64 softmax."""
+    x = torch.full((2, 3), float(case))
+    check_close(student.call("online_softmax.naive_softmax", x), torch.softmax(x.double(), -1),
+                what="naive_softmax(x)", plain=torch.softmax(x, -1))
+'''
+
+CRASH_OR_WRONG = '''
+import os
+import torch
+
+HOW = {how!r}
+
+
+def naive_softmax(x):
+    s = int(x.flatten()[0].item())
+    if s == 0:
+        return torch.softmax(x, -1)
+    if HOW == "crash":
+        os._exit(9)  # every hidden call: the part runs out of losses
+    return torch.zeros_like(x)
+'''
+
+
+@pytest.mark.parametrize("how", ["crash", "wrong"])
+def test_crashing_hidden_calls_do_not_change_the_diagnosis(tmp_path, how):
+    """The diagnosis has its own loss budget: a submission that crashes hidden calls on purpose (or
+    not) cannot make the diagnosis give up, which would be one more bit chosen on hidden inputs."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_part1_probe.py").write_text(DIAGNOSED_TESTS)
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "part1_probe.py").write_text("HIDDEN = {'test_probe': [1, 2, 3, 4]}\n")
+    (tmp_path / "impl").mkdir()
+    (tmp_path / "impl" / "online_softmax.py").write_text(CRASH_OR_WRONG.format(how=how))
+    report = grade(tmp_path / "impl", parts=[1], test_sets=("public", "hidden"), tests_dir=tmp_path / "tests",
+                   hidden_dir=tmp_path / "hidden", limits={"max_losses": 3})
+    hidden = _hidden(student_view(report))
+    assert [t["outcome"] for t in hidden] == ["failed"] * 4
+    assert {t["message"] for t in hidden} == {hidden_verdict("naive_softmax(x) against float64 softmax.",
+                                                             "the probe is right")["message"]}
+
+
+def test_the_starter_with_hidden_tests_is_not_implemented():
+    """The status comes from the tests that show their kind (public); hidden ones only must not pass."""
+    root = Path(__file__).resolve().parents[1]
+    report = grade(root / "starter", parts=[1], test_sets=("public", "hidden"))
+    assert report["parts"][0]["status"] == "not_implemented", report["parts"][0]

@@ -71,7 +71,7 @@ class Engine:
         self.base_limits, self.overrides = limits, dict(overrides or {})
         modules = sorted(n.removesuffix(".py") for n in rubric.all_files())
         self.pool = WorkerPool(sub, modules, limits, prefix)
-        self.parts: dict[int, PartState] = {}
+        self.parts: dict[tuple[int, bool], PartState] = {}  # (part, diagnosis?) -> its losses
         self.outputs: dict[str, _Output] = {}  # test id -> output of its calls
         self.worker_set: str | None = None  # the test set the current worker has served
 
@@ -107,7 +107,9 @@ class Engine:
             if callable(sweep):
                 sweep()
         self.worker_set = proxy.test_set
-        state = self.parts.setdefault(proxy.part, PartState())
+        # Hidden failures' diagnoses count their losses apart: how many hidden calls crashed must not
+        # change what the diagnosis can do (it would say "gave up" after a choice made on hidden inputs).
+        state = self.parts.setdefault((proxy.part, proxy.test_set == "diagnosis"), PartState())
         if state.losses >= limits.max_losses:
             raise StudentError(f"not run: the worker already timed out or crashed {state.losses} times in part "
                                f"{proxy.part}", kind="gave_up", target=target)
