@@ -298,12 +298,7 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
     trace = rp.as_trace()
     check_trace_common(trace, fn="flash_forward", nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize,
                        inputs=inputs, upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
-    tile = min(case.block_k, case.nk)
-    limit = lambda what: tile if "tiles" not in what else max(case.block_q, case.block_k, case.d)  # noqa: E731
-    wide = [(what, n) for what, _, n in key_extents(rp) if n > limit(what)]
-    check(not wide, what="flash_forward multiplies one (Q block, K/V block) tile at a time",
-          detail=(f"{wide[0][0]} spans {wide[0][1]} keys; a K/V block has B_c = {tile}" if wide else ""),
-          hint=HINT_PANEL, inputs=inputs)
+    check_key_extents(rp, case, fn="flash_forward", inputs=inputs)
     if not matmul_flops_defined(case):
         return
     expected, full = forward_flops(case), forward_flops(case, causal=False)
@@ -317,19 +312,38 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
           hint=flops_hint(trace["matmul_flops"], expected, full, trace), inputs=inputs)
 
 
+def check_key_extents(rp: replay.Replayed, case: AttnCase, *, fn: str, inputs: dict,
+                      sides: dict[int, int] | None = None, hint: str | None = None) -> None:
+    """Every matmul between query-side and key-side data spans at most B_c keys (key_extents), so that
+    the call really works one (Q block, K/V block) tile at a time: a B_r × Nk row panel has storage
+    below Nq × Nk and, trimmed to whole visible blocks, the tiled matmul FLOPs."""
+    tile = min(case.block_k, case.nk)
+    limit = lambda what: tile if "tiles" not in what else max(case.block_q, case.block_k, case.d)  # noqa: E731
+    wide = [(what, n) for what, _, n in key_extents(rp, sides) if n > limit(what)]
+    check(not wide, what=f"{fn} multiplies one (Q block, K/V block) tile at a time",
+          detail=(f"{wide[0][0]} spans {wide[0][1]} keys; a K/V block has B_c = {tile}" if wide else ""),
+          hint=hint or HINT_PANEL, inputs=inputs)
+
+
 HINT_PANEL = ("S = Q Kᵀ and P̃ V exist one B_r × B_c tile at a time (§5.1): loop over the K/V blocks with the online "
               "softmax (rescale m, ℓ and O per block, §4.3) instead of scoring a row block against many keys at once")
 _MATMULS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}
 
 
-def key_extents(rp: replay.Replayed, n_inputs: int = 3) -> list[tuple[str, int, int]]:
-    """For each matmul of the replay that multiplies q-derived data with k- or v-derived data: (what,
+QUERY_SIDE, KEY_SIDE, VALUE_SIDE = 1, 2, 4  # what a tensor of the replay derives from (bits)
+FORWARD_SIDES = {0: QUERY_SIDE, 1: KEY_SIDE, 2: VALUE_SIDE}  # flash_forward(q, k, v)
+
+
+def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[tuple[str, int, int]]:
+    """For each matmul of the replay that multiplies query-side data with k- or v-derived data: (what,
     op index, how many keys it spans). What each tensor derives from is followed through every op of
-    the replay (inputs 0, 1, 2 = q, k, v). S = Q·Kᵀ spans the k side's free dim; P̃·V its contraction.
-    When both sides derive from q (mixed on purpose), every dim of both must fit a tile: the largest
-    of them is reported."""
-    Q, K, V = 1, 2, 4
-    mask = {i: (Q, K, V)[i] for i in range(min(n_inputs, 3))}
+    the replay, from `sides` (input ref -> QUERY_SIDE / KEY_SIDE / VALUE_SIDE; default the forward's
+    q, k, v; the backward adds dO, o and lse on the query side). S = Q·Kᵀ and dP = dO·Vᵀ span the
+    k/v side's free dim; P̃·V and dS·K their contraction. When both sides derive from the query side
+    (P̃ᵀ·dO, dSᵀ·Q, or data mixed on purpose), every dim of both must fit a tile: the largest of them is
+    reported."""
+    Q, K, V = QUERY_SIDE, KEY_SIDE, VALUE_SIDE
+    mask = dict(FORWARD_SIDES if sides is None else sides)
     found = []
     for index, op in enumerate(rp.prepared):
         m = 0
@@ -353,9 +367,9 @@ def key_extents(rp: replay.Replayed, n_inputs: int = 3) -> list[tuple[str, int, 
             continue
         if bool(ma & Q) == bool(mb & Q):  # both (or neither) derive from q: no side is the key side
             found.append(("a product of q- and k/v-derived tiles", index, max(*a.shape[-2:], *b.shape[-2:])))
-        elif ma & Q:  # A is the query side: B is Kᵀ (free dim: keys) or V (contraction: keys)
+        elif ma & Q:  # A is the query side: B is Kᵀ / Vᵀ (free dim: keys) or K / V (contraction: keys)
             found.append(("S = Q·Kᵀ", index, b.shape[-1]) if not ma & K else ("P̃·V", index, b.shape[-2]))
-        else:  # B is the query side: A is K (free dim: keys) or Vᵀ (contraction: keys)
+        else:  # B is the query side: A is K / V (free dim: keys) or Kᵀ / Vᵀ (contraction: keys)
             found.append(("Sᵀ = K·Qᵀ", index, a.shape[-2]) if not mb & K else ("Vᵀ·P̃ᵀ", index, a.shape[-1]))
     return found
 

@@ -37,8 +37,8 @@ from autograder.engine.checks import check, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
-from .cases_part2 import (AttnCase, check_trace_common, close_or_diagnose, forward_flops, matmul_flops_defined,
-                          separates)
+from .cases_part2 import (KEY_SIDE, QUERY_SIDE, VALUE_SIDE, AttnCase, check_key_extents, check_trace_common,
+                          close_or_diagnose, forward_flops, matmul_flops_defined, separates)
 
 HINT_BWD_FEWER = ("fewer matmul FLOPs than 2.5× the forward: per visible (Q block, K/V block) pair the backward "
                   "does 5 tile matmuls, S = scale·Q Kᵀ (recomputed), dV += Pᵀ dO, dP = dO Vᵀ, dQ += dS K, "
@@ -95,7 +95,7 @@ def check_backward_values(student, case: AttnCase, *, hidden: bool = False) -> N
     """flash_backward(q, k, v, o, lse, dO) with the judge's o and lse -> dq, dk, dv against autograd (3× rule)."""
     rp, q, k, v, do, o64, lse64 = replayed_backward(student, case)
     _check_grads(rp.result, q, k, v, o64, lse64, do, case, fn="flash_backward", hidden=hidden, student=student)
-    check_backward_structure(rp, case, inputs=case.shown(q, k, v, do=do))
+    check_backward_structure(rp, case, inputs=case.shown(q, k, v, do=do), sides=BACKWARD_SIDES)
 
 
 def check_masked_rows_grads(student, case: AttnCase) -> None:
@@ -113,7 +113,7 @@ def check_masked_rows_grads(student, case: AttnCase) -> None:
     check(bool((dq[..., masked, :] == 0).all()), what=f"dq = 0 in the fully masked rows 0..{masked[-1]}",
           detail=f"max |dq| there {dq[..., masked, :].abs().max().item():.3g}", hint=dg.HINT_BACKWARD_NAN,
           inputs=inputs)
-    check_backward_structure(rp, case, inputs=inputs)
+    check_backward_structure(rp, case, inputs=inputs, sides=BACKWARD_SIDES)
 
 
 def backward_flops_bounds(case: AttnCase) -> tuple[int, int]:
@@ -159,9 +159,16 @@ def replayed_backward(student, case: AttnCase):
     return rp, q, k, v, do, o64, lse64
 
 
+# flash_backward(q, k, v, o, lse, dO): what each input of its record derives from, for the key extents
+BACKWARD_SIDES = {0: QUERY_SIDE, 1: KEY_SIDE, 2: VALUE_SIDE, 3: QUERY_SIDE, 4: QUERY_SIDE, 5: QUERY_SIDE}
+HINT_BACKWARD_PANEL = ("recompute S, P, dP and dS one B_r × B_c tile at a time (§7.2, §7.4): loop over the K/V blocks "
+                       "and, inside, the Q blocks, instead of one matmul of a row block against many keys at once")
+
+
 def check_backward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict, flops: int | None = None,
-                             fn: str = "flash_backward") -> None:
+                             fn: str = "flash_backward", sides: dict[int, int] | None = None) -> None:
     """The replayed backward: no fused op, input dtype, no Nq×Nk storage (where the shapes separate),
+    every Q·Kᵀ-like matmul over at most B_c keys (with `sides`: a direct flash_backward record),
     matmul FLOPs within backward_flops_bounds."""
     trace = rp.as_trace()
     check_trace_common(trace, fn=fn, nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize, inputs=inputs,
@@ -169,6 +176,8 @@ def check_backward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dic
                                   "attention kernel (§7.2)",
                        nxn_hint="recompute P one B_r × B_c tile at a time (§7.2): never build an Nq × Nk tensor",
                        upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
+    if sides is not None:
+        check_key_extents(rp, case, fn=fn, inputs=inputs, sides=sides, hint=HINT_BACKWARD_PANEL)
     if not matmul_flops_defined(case):
         return
     got = trace["matmul_flops"] if flops is None else flops
@@ -185,7 +194,7 @@ def check_backward_trace(student, case: AttnCase) -> None:
     """flash_backward replayed: no fused op, no Nq×Nk storage, matmul FLOPs 2.5× the forward's, right grads."""
     assert separates(case) and matmul_flops_defined(case), f"test bug: {case.id} cannot separate tiled from naive"
     rp, q, k, v, do, o64, lse64 = replayed_backward(student, case)
-    check_backward_structure(rp, case, inputs=case.shown(q, k, v, do=do))
+    check_backward_structure(rp, case, inputs=case.shown(q, k, v, do=do), sides=BACKWARD_SIDES)
     _check_grads(rp.result, q, k, v, o64, lse64, do, case, fn="the replayed flash_backward", hidden=True,
                  student=student)
 
