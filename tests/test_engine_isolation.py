@@ -416,3 +416,27 @@ def test_a_call_time_limit_from_call_timeouts(probe, tmp_path):
     report = run(probe, sub, parts=[1], limits={"call_timeouts": {"probe.loop": 0.5}})
     assert "timed out after 0.5 s in probe.loop" in by_name(report)["test_call[loop]"]["message"]
     assert by_name(report)["test_call[eq]"]["outcome"] == "passed"
+
+
+class _SweepingPrefix:
+    """A worker prefix (no confinement) that counts the sandbox's sweeps."""
+
+    def __init__(self) -> None:
+        self.sweeps = 0
+
+    def __call__(self, paths) -> list[str]:
+        return []
+
+    def sweep(self) -> list[str]:
+        self.sweeps += 1
+        return []
+
+
+def test_the_sandbox_is_swept_when_the_worker_changes_test_set(probe, tmp_path):
+    """What a worker left in shared folders (uid mode: /tmp, /dev/shm, its scratch) is cleared before
+    a worker of another test set starts: a hidden worker's files never reach a later worker."""
+    sub = write(tmp_path / "sub", {"probe.py": BENIGN_PROBE, "other.py": OTHER_OK})
+    prefix = _SweepingPrefix()
+    report = run(probe, sub, parts=[1], test_sets=("public", "hidden"), worker_prefix=prefix)
+    assert report["parts"][0]["total"] > 0
+    assert prefix.sweeps >= 1
