@@ -219,3 +219,22 @@ def test_a_recompute_pays_for_every_token_through_the_trusted_ops():
     with pytest.raises(CheckFailure, match="no recompute"):
         C.check_cached_logits(student, case)
 
+
+def test_the_example_streams_give_the_lists_first_examples():
+    """example_tokens and twin_prompts read examples one at a time (likesworld.iter_examples): the same
+    examples, in the same order, as the fixed lists they used to draw whole."""
+    assert C.likesworld.examples("test", 40, seed=9) == [e for e, _ in zip(C.likesworld.iter_examples("test", 9), range(40))]
+    for seed, batch, min_len in ((100, 1, 8), (203, 3, 6), (302, 2, 12), (305, 5, 12), (0, 1, 25), (7, 4, 30)):
+        exs = C.test_examples(seed)
+        first = next(t for t in exs if len(t) >= min_len)
+        want = [t for t in exs if len(t) == len(first)][:batch]
+        if len(want) == batch:
+            assert C.example_tokens(seed, batch, min_len).tolist() == [list(t) for t in want]
+    shapes = ((3, 11), (2, 19), (1, 27))
+    for draw in range(1, 6):  # twin_prompts: the first draw whose batches are all far from a tie
+        exs = C.test_examples(R.twin_seed(2 * 1000 + draw))
+        batches = [tuple([e[:t0] for e in exs if len(e) > t0][:b]) for b, t0 in shapes]
+        if all(len(x) == b for x, (b, _) in zip(batches, shapes)) and \
+                all(C.greedy_reference(x, 8, "float32")[1] >= C.MIN_MARGIN for x in batches):
+            break
+    assert C.twin_prompts(shapes, 8, "float32", 2) == tuple(batches)

@@ -33,7 +33,9 @@ float64 runs use ATOL64 against the float64 uncached model.
 """
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -286,21 +288,43 @@ def bug_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int], bug:
 # Cases
 
 
+N_EXAMPLES = 400  # test-split examples a case draws from per seed
+
+
 @lru_cache(maxsize=None)
-def test_examples(seed: int, n: int = 400) -> tuple[tuple[int, ...], ...]:
+def test_examples(seed: int, n: int = N_EXAMPLES) -> tuple[tuple[int, ...], ...]:
     """The token ids of n test-split LikesWorld examples drawn with `seed` (made once per process)."""
     return tuple(e.tokens for e in likesworld.examples("test", n, seed=seed))
+
+
+def _first_examples(seed: int) -> Iterator[tuple[int, ...]]:
+    """The token ids of test_examples(seed) one at a time: most callers need only the first few (each
+    example is rejection-sampled, ~0.1 ms)."""
+    return (e.tokens for e in itertools.islice(likesworld.iter_examples("test", seed), N_EXAMPLES))
 
 
 def example_tokens(seed: int, batch: int = 1, min_len: int = 0) -> torch.Tensor:
     """(batch, T) token ids of test-split LikesWorld examples (seed `seed`): the first `batch`
     examples that have the length of the first example at least min_len tokens long."""
-    exs = test_examples(seed)
+    return torch.tensor(_example_rows(seed, batch, min_len), dtype=torch.long)
+
+
+@lru_cache(maxsize=None)
+def _example_rows(seed: int, batch: int, min_len: int) -> tuple[tuple[int, ...], ...]:
+    length, rows = None, []
+    for tokens in _first_examples(seed):  # the usual case: the first length found has `batch` examples
+        if length is None and len(tokens) >= min_len:
+            length = len(tokens)
+        if len(tokens) == length:
+            rows.append(tokens)
+            if len(rows) == batch:
+                return tuple(rows)
+    exs = test_examples(seed)  # else the next length of the list that has them
     for first in exs:
         if len(first) >= min_len:
             same = [t for t in exs if len(t) == len(first)][:batch]
             if len(same) == batch:
-                return torch.tensor(same, dtype=torch.long)
+                return tuple(same)
     raise ValueError(f"test bug: no {batch} examples of length >= {min_len} for seed {seed}")
 
 
@@ -449,16 +473,16 @@ def twin_prompts(shapes: tuple[tuple[int, int], ...], max_new_tokens: int, dtype
     from a tie, so that any correct cache gives the reference's tokens; None if five draws do not
     give such batches."""
     for draw in range(1, 6):
-        examples = test_examples(replay.twin_seed(seed * 1000 + draw))  # unpredictable outside the judge
-        batches = []
-        for b, t0 in shapes:
-            rows = [e[:t0] for e in examples if len(e) > t0]
-            if len(rows) < b:
+        rows: list[list[tuple[int, ...]]] = [[] for _ in shapes]  # per shape: the first B examples longer than T0
+        for tokens in _first_examples(replay.twin_seed(seed * 1000 + draw)):  # unpredictable outside the judge
+            for (b, t0), got in zip(shapes, rows):
+                if len(got) < b and len(tokens) > t0:
+                    got.append(tokens[:t0])
+            if all(len(got) == b for (b, _), got in zip(shapes, rows)):
+                batches = [tuple(got) for got in rows]
+                if all(greedy_reference(batch, max_new_tokens, dtype)[1] >= MIN_MARGIN for batch in batches):
+                    return tuple(batches)
                 break
-            batches.append(tuple(rows[:b]))
-        else:
-            if all(greedy_reference(batch, max_new_tokens, dtype)[1] >= MIN_MARGIN for batch in batches):
-                return tuple(batches)
     return None
 
 
