@@ -238,3 +238,31 @@ def test_the_example_streams_give_the_lists_first_examples():
                 all(C.greedy_reference(x, 8, "float32")[1] >= C.MIN_MARGIN for x in batches):
             break
     assert C.twin_prompts(shapes, 8, "float32", 2) == tuple(batches)
+
+
+def test_a_cache_that_writes_the_blocks_itself_from_the_models_modules_passes():
+    """A legal variant: forward_with_cache without block(...), from attn_norm, wq/wk/wv, rope, wo and ffn
+    (some of them trusted ops, rope and its own attention op by op)."""
+    class OwnBlocks:
+        KVCache = kv.KVCache
+
+        @staticmethod
+        @torch.no_grad()
+        def forward_with_cache(model, tokens, cache, attention=None):
+            cfg = model.config
+            B, T = tokens.shape
+            positions = torch.arange(cache.length, cache.length + T)
+            x = model.tok_emb(tokens)
+            for i, blk in enumerate(model.blocks):
+                h = blk.attn_norm(x)
+                a = blk.attn
+                q, k, v = (w(h).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2) for w in (a.wq, a.wk, a.wv))
+                k, v = cache.update(i, tt.rope(k, positions, cfg.rope_base), v)
+                o = tt.standard_attention(tt.rope(q, positions, cfg.rope_base), k, v, True)
+                x = x + a.wo(o.transpose(1, 2).reshape(B, T, -1))
+                x = x + blk.ffn(blk.ffn_norm(x))
+            return model.lm_head(model.norm(x))
+
+    for case in (C.CacheCase(chunks=(5, 3, 1), seed=101), C.CacheCase(chunks=(4, 5, 1), seed=205, dtype="float64",
+                                                                       batch=2)):
+        C.check_cached_logits(StandIn(OwnBlocks), case)
