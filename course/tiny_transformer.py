@@ -156,7 +156,8 @@ def attention_heads(x: torch.Tensor, positions: torch.Tensor, wq: torch.Tensor, 
     """Attention.heads as a function: x (B, T, d_model), positions (T,), wq/wk/wv (d_model, d_model) ->
     q, k, v (B, H, T, d), q and k rotated by RoPE."""
     B, T, _ = x.shape
-    q, k, v = (F.linear(x, w).view(B, T, n_heads, -1).transpose(1, 2) for w in (wq, wk, wv))
+    d = wq.shape[0] // n_heads
+    q, k, v = (F.linear(x, w).view(B, T, n_heads, d).transpose(1, 2) for w in (wq, wk, wv))
     cos, sin = rope_angles(positions, q.shape[-1], base, q.dtype)   # rope(q, ...) and rope(k, ...), one table
     return rope_rotate(q, cos, sin), rope_rotate(k, cos, sin), v
 

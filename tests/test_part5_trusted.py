@@ -83,6 +83,15 @@ def test_trusted_ops_replay_exactly_like_the_course_code_recorded_op_by_op(dtype
     assert all(torch.equal(a, b) for a, b in zip(fast.result["logits"], plain.result["logits"], strict=True))
 
 
+def test_an_empty_chunk_replays_like_the_course_code():
+    tokens = C.CacheCase(chunks=(3, 1), seed=100).plan()[0][:, :6]
+    kw = dict(tokens=tokens, chunks=[3, 0, 3], max_len=6)
+    plain, fast = (_replay(_record(S.cached_logits, op_by_op, **kw), [tokens]) for op_by_op in (True, False))
+    assert [tuple(t.shape) for t in fast.result["logits"]] == [(1, 3, 30), (1, 0, 30), (1, 3, 30)]
+    assert _per_call(fast) == _per_call(plain)
+    assert all(torch.equal(a, b) for a, b in zip(fast.result["logits"], plain.result["logits"], strict=True))
+
+
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_generate_with_trusted_ops_gives_the_same_tokens_and_flops(use_cache):
     batches = [[p for p in C.likesworld.make_prompts(30, 4) if len(p) == n][:3] for n in (15, 19)]
