@@ -19,6 +19,7 @@ example's facts ever occur together in training; pairs, people and items all occ
 
 from __future__ import annotations
 
+import itertools
 import random
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -109,8 +110,18 @@ def make_example(rng: random.Random, split: str, max_facts: int = MAX_FACTS) -> 
 
 def examples(split: str, n: int = EVAL_SIZE, seed: int | None = None) -> list[Example]:
     """A fixed list of n examples (same split and seed -> same list)."""
+    return list(itertools.islice(iter_examples(split, seed), n))
+
+
+def iter_examples(split: str, seed: int | None = None) -> Iterator[Example]:
+    """The examples of examples(split, n, seed) one at a time, without end: its first n are that list
+    (one draw continues the same generator), for a caller that needs only the first few."""
     rng = random.Random(SPLIT_SEEDS[split] if seed is None else seed)
-    return [make_example(rng, split) for _ in range(n)]
+
+    def draw() -> Iterator[Example]:
+        while True:
+            yield make_example(rng, split)
+    return draw()
 
 
 def collate(batch: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -96,16 +96,30 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as a function: x (..., d), weight (d,) -> (..., d). The model's pieces are functions too
+    (rms_norm, attention_heads, merge_heads, swiglu): the grader computes them with these (part 5)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """Rotate each pair of dims (x[2i], x[2i+1]) of x (B, H, T, d) by angle positions[t] * base^(-2i/d)
     (§2.5). Then rope(q, m) · rope(k, n) depends only on m - n: attention sees relative offsets."""
-    d = x.shape[-1]
+    return rope_rotate(x, *rope_angles(positions, x.shape[-1], base, x.dtype))
+
+
+def rope_angles(positions: torch.Tensor, d: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles positions[t] * base^(-2i/d), computed in float64: (T, d/2) each, in dtype."""
     inv_freq = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)           # (d/2,)
     angle = positions.to(torch.float64).unsqueeze(-1) * inv_freq                    # (T, d/2)
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, d) with each pair (x[2i], x[2i+1]) rotated by the angle whose cos and sin (T, d/2) are given."""
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
@@ -121,15 +135,37 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attention: AttentionFn,
                 kv: KVFn | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        H, d = self.cfg.n_heads, self.cfg.head_dim
-        q, k, v = (w(x).view(B, T, H, d).transpose(1, 2) for w in (self.wq, self.wk, self.wv))  # (B, H, T, d)
-        q = rope(q, positions, self.cfg.rope_base)
-        k = rope(k, positions, self.cfg.rope_base)
+        q, k, v = self.heads(x, positions)       # (B, H, T, d) each
         if kv is not None:                       # §8.2: append to the cache, attend to all of it
             k, v = kv(k, v)
         o = attention(q, k, v, True)             # (B, H, T, d)
-        return self.wo(o.transpose(1, 2).reshape(B, T, H * d))
+        return self.merge(o, x.shape[0], x.shape[1])
+
+    def heads(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, H, T, d) of x (B, T, d_model): the projections split into heads, q and k rotated (RoPE)."""
+        return attention_heads(x, positions, self.wq.weight, self.wk.weight, self.wv.weight, self.cfg.n_heads,
+                               self.cfg.rope_base)
+
+    def merge(self, o: torch.Tensor, B: int, T: int) -> torch.Tensor:
+        """The heads of o (B, H, T, d) side by side, projected by wo: (B, T, d_model)."""
+        return self.wo(o.transpose(1, 2).reshape(B, T, self.cfg.n_heads * self.cfg.head_dim))
+
+
+def attention_heads(x: torch.Tensor, positions: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+                    n_heads: int, base: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention.heads as a function: x (B, T, d_model), positions (T,), wq/wk/wv (d_model, d_model) ->
+    q, k, v (B, H, T, d), q and k rotated by RoPE."""
+    B, T, _ = x.shape
+    d = wq.shape[0] // n_heads
+    q, k, v = (F.linear(x, w).view(B, T, n_heads, d).transpose(1, 2) for w in (wq, wk, wv))
+    cos, sin = rope_angles(positions, q.shape[-1], base, q.dtype)   # rope(q, ...) and rope(k, ...), one table
+    return rope_rotate(q, cos, sin), rope_rotate(k, cos, sin), v
+
+
+def merge_heads(o: torch.Tensor, wo: torch.Tensor) -> torch.Tensor:
+    """Attention.merge as a function of o (B, H, T, d) alone: (B, T, H·d) @ woᵀ."""
+    B, H, T, d = o.shape
+    return F.linear(o.transpose(1, 2).reshape(B, T, H * d), wo)
 
 
 class SwiGLU(nn.Module):
@@ -142,7 +178,12 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return swiglu(x, self.w1.weight, self.w3.weight, self.w2.weight)
+
+
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """SwiGLU as a function: x (..., d), w1 and w3 (d_ff, d), w2 (d, d_ff) -> (..., d)."""
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
 class Block(nn.Module):

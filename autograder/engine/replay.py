@@ -99,6 +99,38 @@ class ReplayRefused(Exception):
 
 
 # ---------------------------------------------------------------------------------------------------
+# trusted ops: course functions that contain no student code, computed by the judge itself
+
+
+@dataclass(frozen=True)
+class TrustedOp:
+    """The judge's own function for the record's "judge::name" ops (scenarios/tracing.Recorder.trusted).
+
+    The worker only says WHICH course function ran on WHICH tensors of the program; the judge runs its
+    own `fn` on its own copies of those tensors, so the op computes the course's function of its
+    arguments and nothing else: a deterministic function of tensors that are bounded like every other
+    (inputs, named weights, constants, earlier outputs), with no scalar or other argument that could
+    carry data in. `cost(args)` is called BEFORE the op runs: it checks the arguments against the
+    function's signature (exact count, dtypes, dims, matching sizes; raises ReplayRefused) and returns
+    (the bytes of the op's outputs and temporaries, one entry per tensor, and its matmul FLOPs), from
+    shapes alone. Those FLOPs count in the replay like a recorded matmul's: a program that recomputes
+    through trusted ops pays for it."""
+
+    fn: Callable[..., Any]
+    cost: Callable[[list], tuple[list[int], int]]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def trusted_tensors(name: str, args: list, n: int) -> list[torch.Tensor]:
+    """A trusted op's arguments when they are exactly n tensors (for a TrustedOp's cost), else ReplayRefused."""
+    if len(args) != n or any(type(a) is not torch.Tensor for a in args):
+        raise ReplayRefused(f"the record's judge::{name} does not take its {n} tensor arguments", "malformed")
+    return list(args)
+
+
+# ---------------------------------------------------------------------------------------------------
 # FLOP formulas: FlopCounterMode's own registry, plus mv/dot/addmv/addbmm that it does not count
 
 
@@ -543,8 +575,15 @@ def _info(func: Any) -> _Info:
     return info
 
 
+_JUDGE_INFOS: dict[str, _Info] = {}
+
+
 def _judge_info(name: str) -> _Info:
-    return _Info(name, name, name, None, False, None, (), False, False, False, trusted=name[len("judge::"):])
+    info = _JUDGE_INFOS.get(name)
+    if info is None:
+        info = _JUDGE_INFOS[name] = _Info(name, name, name, None, False, None, (), False, False, False,
+                                          trusted=name[len("judge::"):])
+    return info
 
 
 class _Op:
@@ -643,9 +682,26 @@ def _bind(env: dict[int, Any], leaves: list[Any], got: list[Any]) -> None:
             env[leaf] = value
 
 
-def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted: dict) -> None:
+def _trusted_cost(op: _Op, a: list, kw: dict, trusted: dict) -> tuple[list[int], int] | None:
+    """A judge:: op's (bytes per tensor, matmul FLOPs) from its TrustedOp (which checks the arguments), or
+    None for a plain trusted function (bounded on meta tensors, no FLOPs: part 4's forward). Refuses a
+    name this test gave the judge no function for."""
+    fn = trusted.get(op.info.trusted)
+    if fn is None:
+        raise ReplayRefused(f"the record names an op {op.info.name[:60]!r} that this test does not compute "
+                            "for it", "malformed")
+    if not isinstance(fn, TrustedOp):
+        return None
+    if kw:
+        raise ReplayRefused(f"the record's {op.info.name[:60]} passes keyword arguments", "malformed")
+    return fn.cost(a)
+
+
+def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted: dict,
+               cost: tuple[list[int], int] | None = None) -> None:
     """Bound the op BEFORE it runs: its output and FLOPs from the real shapes of its inputs (cheap kinds),
-    else from the op run on meta tensors (cached per signature); views from the record's claim."""
+    else from the op run on meta tensors (cached per signature); views from the record's claim; a
+    TrustedOp's from its `cost` (computed by the caller: the FLOPs count in the replay too)."""
     info = op.info
     if info.view:
         for c in _claims(op.out):
@@ -660,11 +716,17 @@ def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted:
     if bound is not None:
         elems, flops = bound
         sizes = [elems * 8]
+    elif cost is not None:
+        sizes, flops = cost
     else:
         ma = _to_meta(a)
         mkw = {k: _to_meta(v) for k, v in kw.items()}
         if info.trusted is not None:
-            result = trusted[info.trusted](*ma, **mkw)
+            try:
+                result = trusted[info.trusted](*ma, **mkw)
+            except Exception as exc:  # noqa: BLE001 -- arguments the judge's function does not take
+                raise ReplayRefused(f"the recorded op {info.name[:60]} does not run on the recorded arguments "
+                                    f"({type(exc).__name__})", "malformed") from None
             flops = 0
             sizes = [t.numel() * t.element_size() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
         else:
@@ -748,13 +810,17 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             info = op.info
             a, kw = _args_of(op, env)
             name = info.name
+            cost = _trusted_cost(op, a, kw, trusted) if info.trusted is not None else None
             if budget is not None:
-                _preflight(op, a, kw, budget, state, trusted)
+                _preflight(op, a, kw, budget, state, trusted, cost)
             result = _run(op, a, kw, trusted)
             if info.formula is not None:
                 f = int(info.formula(*a, **kw, out_val=result))
                 flops[name] += f
                 total += f
+            elif cost is not None:  # a trusted op's matmuls count like recorded ones
+                flops[name] += cost[1]
+                total += cost[1]
             counts[name] = counts.get(name, 0) + 1
             flops_at.append(total)
             got = [result] if type(result) is Tensor else tree_flatten(result)[0]

@@ -4,13 +4,27 @@ cached_logits, generate and cache_updates RECORD what the student's code does (t
 model's parameters named so that the judge substitutes its own copies); the judge replays the records
 (autograder/engine/replay.py) and grades the replay's logits, tokens, FLOPs per call and storages.
 Nothing measured here decides a point.
+
+The course model's own pieces that contain no student code are recorded as ONE op each on the tensors
+they were called with (tracing.Recorder.trusted): "judge::embedding", "judge::rms_norm", "judge::swiglu",
+"judge::linear" (lm_head), and in each attention block "judge::attention_heads" (the q, k, v projections
+and RoPE, before the KV cache hook) and "judge::merge_heads" (the output projection, after the attention
+call). The judge computes them with its own copy of the course function and counts their matmul FLOPs
+from the shapes (autograder/tests/cases_part5.TRUSTED). Everything else stays recorded op by op: the
+student's forward_with_cache and generate, KVCache.update, the attention call, the course code in
+between (residual adds). A call whose arguments do not fit the judge's signature (another dtype or
+shape) runs the course code op by op instead.
 """
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from course import tiny_transformer as tt
 from course.tiny_transformer import TinyTransformer, load_checkpoint
 
 from .tracing import Recorder
@@ -39,6 +53,93 @@ def _recorder(model: TinyTransformer, *inputs: torch.Tensor) -> Recorder:
     return rec
 
 
+_FLOATS = (torch.float32, torch.float64)
+
+
+def _floats(x: Any, *weights: torch.Tensor) -> bool:
+    """x a plain tensor, and x and the module's weights (parameters) float32 or float64 of one dtype:
+    what the judge's judge:: ops take."""
+    return type(x) is torch.Tensor and x.dtype in _FLOATS and all(w.dtype == x.dtype for w in weights)
+
+
+def _trusted_methods(m: nn.Module, ops: dict[str, Callable[..., Any]], cfg: Any) -> dict[str, Callable[..., Any]]:
+    """Replacements for methods of the course module m that record it as one judge:: op when the
+    arguments fit the judge's signature (the checks of cases_part5.TRUSTED's costs), else run m's own
+    method (recorded op by op); {} for modules that hold no trusted piece."""
+    if isinstance(m, tt.RMSNorm):
+        def rms_norm(x: torch.Tensor) -> torch.Tensor:
+            w = m.weight
+            if _floats(x, w) and 1 <= x.dim() <= 4 and x.shape[-1] == w.shape[0]:
+                return ops["rms_norm"](x, w)
+            return tt.RMSNorm.forward(m, x)
+        return {"forward": rms_norm}
+    if isinstance(m, tt.SwiGLU):
+        def swiglu(x: torch.Tensor) -> torch.Tensor:
+            w1, w3, w2 = m.w1.weight, m.w3.weight, m.w2.weight
+            if _floats(x, w1, w3, w2) and 1 <= x.dim() <= 4 and x.shape[-1] == w1.shape[1]:
+                return ops["swiglu"](x, w1, w3, w2)
+            return tt.SwiGLU.forward(m, x)
+        return {"forward": swiglu}
+    if isinstance(m, tt.Attention):  # its projections and RoPE, and its output projection: not the attention
+        def heads(x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            ws = m.wq.weight, m.wk.weight, m.wv.weight
+            if _floats(x, *ws) and x.dim() == 3 and all(w.shape == (cfg.d_model, cfg.d_model) for w in ws) \
+                    and x.shape[-1] == cfg.d_model and _positions(positions, x.shape[1]):
+                return ops["attention_heads"](x, positions, *ws)
+            return tt.Attention.heads(m, x, positions)
+
+        def merge(o: torch.Tensor, B: int, T: int) -> torch.Tensor:
+            w = m.wo.weight
+            if _floats(o, w) and tuple(o.shape) == (B, cfg.n_heads, T, cfg.head_dim) \
+                    and w.shape == (cfg.d_model, cfg.d_model):
+                return ops["merge_heads"](o, w)
+            return tt.Attention.merge(m, o, B, T)
+        return {"heads": heads, "merge": merge}
+    if type(m) is nn.Linear and m.bias is None:
+        def linear(x: torch.Tensor) -> torch.Tensor:
+            w = m.weight
+            if _floats(x, w) and 1 <= x.dim() <= 4 and x.shape[-1] == w.shape[1]:
+                return ops["linear"](x, w)
+            return nn.Linear.forward(m, x)
+        return {"forward": linear}
+    if type(m) is nn.Embedding and m.max_norm is None:
+        def embedding(tokens: torch.Tensor) -> torch.Tensor:
+            w = m.weight
+            if type(tokens) is torch.Tensor and tokens.dtype == torch.long and 1 <= tokens.dim() <= 4 \
+                    and w.dtype in _FLOATS:
+                return ops["embedding"](tokens, w)
+            return nn.Embedding.forward(m, tokens)
+        return {"forward": embedding}
+    return {}
+
+
+def _positions(positions: Any, T: int) -> bool:
+    return type(positions) is torch.Tensor and positions.dtype == torch.long and tuple(positions.shape) == (T,)
+
+
+@contextmanager
+def _course_ops_trusted(rec: Recorder, model: TinyTransformer) -> Iterator[None]:
+    """During the block: model's trusted pieces (see the module docstring) record as judge:: ops of rec,
+    through instance attributes of its modules (found before their class's methods); removed on exit."""
+    cfg = model.config
+    ops = {"rms_norm": rec.trusted("rms_norm", lambda x, w: tt.rms_norm(x, w, cfg.norm_eps)),
+           "swiglu": rec.trusted("swiglu", tt.swiglu), "linear": rec.trusted("linear", F.linear),
+           "embedding": rec.trusted("embedding", F.embedding),
+           "attention_heads": rec.trusted("attention_heads", lambda x, p, wq, wk, wv: tt.attention_heads(
+               x, p, wq, wk, wv, cfg.n_heads, cfg.rope_base)),
+           "merge_heads": rec.trusted("merge_heads", tt.merge_heads)}
+    patched: list[tuple[nn.Module, str]] = []
+    for m in model.modules():
+        for attr, method in _trusted_methods(m, ops, cfg).items():
+            object.__setattr__(m, attr, method)
+            patched.append((m, attr))
+    try:
+        yield
+    finally:
+        for m, attr in patched:
+            m.__dict__.pop(attr, None)
+
+
 def cached_logits(student, tokens: torch.Tensor, chunks: list[int], dtype: str = "float32",
                   max_len: int | None = None) -> dict[str, Any]:
     """Feed tokens (B, T) to forward_with_cache in consecutive chunks of the given sizes (the first
@@ -49,7 +150,7 @@ def cached_logits(student, tokens: torch.Tensor, chunks: list[int], dtype: str =
     total = sum(chunks)
     rec = _recorder(model, tokens)
     logits, lengths, start = [], [], 0
-    with rec:
+    with _course_ops_trusted(rec, model), rec:
         cache = _new_cache(kv, model, tokens.shape[0], max_len or total, dtype)
         for c in chunks:
             rec.mark("call")
@@ -71,7 +172,7 @@ def generate(student, batches: list[list[list[int]]], max_new_tokens: int, use_c
     xs = [torch.tensor(b, dtype=torch.long) for b in batches]
     rec = _recorder(model, *xs)
     results: list[Any] = []
-    with rec:
+    with _course_ops_trusted(rec, model), rec:
         for x in xs:
             rec.mark("call")
             out = kv.generate(model, x, max_new_tokens, use_cache=use_cache)

@@ -32,7 +32,8 @@ The record (lists, ints, floats, strs, tensors only):
      "result": the returned value with tensors as ["$t", ref]}
 
 `trusted(name, fn)` wraps a course function that the judge computes itself (part 4's correct
-forward): its call is recorded as ONE op "judge::name" and its own ops are not recorded.
+forward, part 5's model pieces): its call is recorded as ONE op "judge::name" and its own ops are not
+recorded; the judge checks and bounds the op and runs its own function (replay.TrustedOp).
 """
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ class Recorder(TorchDispatchMode):
         self.named: list[list[Any]] = []
         self.marks: dict[str, list[int]] = {}
         self.n_inputs = 0
+        self._in_trusted = False  # inside a trusted function's call (see trusted)
 
     def __enter__(self) -> "Recorder":
         self._gc = paused_gc()
@@ -219,11 +221,18 @@ class Recorder(TorchDispatchMode):
         return out
 
     def trusted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """fn as ONE recorded op "judge::name" (the judge computes it itself): positional tensor args."""
+        """fn as ONE recorded op "judge::name" (the judge computes it itself): positional tensor args.
+        A trusted function called inside another one is part of that op: not recorded again."""
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self._in_trusted:
+                return fn(*args, **kwargs)
             enc_args, enc_kwargs = self._enc(list(args)), {k: self._enc(v) for k, v in kwargs.items()}
-            with _disable_current_modes():
-                out = fn(*args, **kwargs)
+            self._in_trusted = True
+            try:
+                with _disable_current_modes():
+                    out = fn(*args, **kwargs)
+            finally:
+                self._in_trusted = False
             self.ops.append([f"judge::{name}", enc_args, enc_kwargs, self._enc_out(out)])
             return out
         return wrapper

@@ -3,7 +3,9 @@
 The trusted side is the course model WITHOUT a cache (course.tiny_transformer, committed
 checkpoint): logits of the whole sequence in one call, positions 0..T-1. The student's cache runs
 in the worker (autograder/scenarios/part5.py), which RECORDS the ops; the judge replays the record
-with its own copy of the model weights (autograder/engine/replay.py) and grades the replay:
+with its own copy of the model weights (autograder/engine/replay.py) and grades the replay (the course
+model's embedding, norms, projections + RoPE, SwiGLU and lm_head are the record's "judge::" ops, computed
+by the judge with its own course functions: TRUSTED below):
 - the logits of every call come from the replay; a twin replay with the judge's own perturbed
   weights must give the logits of the perturbed model (an answer computed outside the call fails);
 - "no recompute": the replayed matmul FLOPs of each forward_with_cache call are at most those of its
@@ -31,17 +33,21 @@ float64 runs use ATOL64 against the float64 uncached model.
 """
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close, one_thread
 from course import likesworld
+from course import tiny_transformer as tt
 from course.tiny_transformer import TinyTransformer, load_checkpoint, rope
 
 from . import probes as pb
@@ -101,6 +107,116 @@ def twin_model(dtype: str = "float32") -> TinyTransformer:
 def named_weights(m: TinyTransformer) -> dict[str, torch.Tensor]:
     """The names the worker gives the model's parameters in a record (scenarios/part5._recorder)."""
     return {f"param:{n}": p.detach() for n, p in m.named_parameters()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The course model's pieces that contain no student code, as the record's "judge::" ops
+# (scenarios/part5._course_ops_trusted): the judge computes each with its own course function on the
+# replay's tensors (its own weights, named), after checking the arguments against the function's
+# signature and bounding the op from shapes (replay.TrustedOp). No scalar argument: eps, the RoPE base
+# and the number of heads are the judge's own model config. Matmul FLOPs: the course function's, 2 per multiply-add (what the
+# replay of its recorded ops counts: tests/test_part5_trusted.py), so a recompute pays for every token.
+
+
+def _refuse(name: str, why: str) -> None:
+    raise replay.ReplayRefused(f"the record's judge::{name} is called on {why}", "malformed")
+
+
+def _same_floats(name: str, *ts: torch.Tensor) -> None:
+    if ts[0].dtype not in (torch.float32, torch.float64) or any(t.dtype != ts[0].dtype for t in ts):
+        _refuse(name, "tensors that are not all float32 or all float64")
+
+
+def _rows(name: str, x: torch.Tensor, d: int) -> int:
+    """The rows of x (..., d), 1 to 4 dims."""
+    if not 1 <= x.dim() <= 4 or x.shape[-1] != d:
+        _refuse(name, f"a tensor of shape {tuple(x.shape)} where (..., {d}) is expected")
+    return math.prod(x.shape[:-1])
+
+
+def _linear_cost(args: list) -> tuple[list[int], int]:
+    """x (..., d_in) @ w (d_out, d_in)ᵀ: out (..., d_out); 2·rows·d_in·d_out FLOPs."""
+    x, w = replay.trusted_tensors("linear", args, 2)
+    _same_floats("linear", x, w)
+    if w.dim() != 2:
+        _refuse("linear", "a weight that is not a matrix")
+    rows = _rows("linear", x, w.shape[1])
+    return [8 * rows * w.shape[0]], 2 * rows * w.shape[0] * w.shape[1]
+
+
+def _rms_norm_cost(args: list) -> tuple[list[int], int]:
+    """x (..., d), weight (d,): out (..., d) and two temporaries of x's size; no matmul."""
+    x, w = replay.trusted_tensors("rms_norm", args, 2)
+    _same_floats("rms_norm", x, w)
+    if w.dim() != 1:
+        _refuse("rms_norm", "a weight that is not a vector")
+    _rows("rms_norm", x, w.shape[0])
+    return [8 * x.numel()] * 3, 0
+
+
+def _swiglu_cost(args: list) -> tuple[list[int], int]:
+    """x (..., d), w1 and w3 (d_ff, d), w2 (d, d_ff): out (..., d), four (..., d_ff) temporaries;
+    three matmuls, 2·rows·d·d_ff FLOPs each."""
+    x, w1, w3, w2 = replay.trusted_tensors("swiglu", args, 4)
+    _same_floats("swiglu", x, w1, w3, w2)
+    if w1.dim() != 2 or w1.shape != w3.shape or tuple(w2.shape) != (w1.shape[1], w1.shape[0]):
+        _refuse("swiglu", "weights of shapes that do not fit together")
+    d_ff, d = w1.shape
+    rows = _rows("swiglu", x, d)
+    return [8 * rows * d_ff] * 4 + [8 * rows * d], 3 * 2 * rows * d * d_ff
+
+
+def _embedding_cost(args: list) -> tuple[list[int], int]:
+    """tokens (...) long, weight (V, d): out (..., d); no matmul (a lookup)."""
+    tokens, w = replay.trusted_tensors("embedding", args, 2)
+    _same_floats("embedding", w)
+    if tokens.dtype != torch.long or not 1 <= tokens.dim() <= 4 or w.dim() != 2:
+        _refuse("embedding", "tensors other than token ids (...) long and a (V, d) table")
+    return [8 * tokens.numel() * w.shape[1]], 0
+
+
+def _attention_heads_cost(args: list) -> tuple[list[int], int]:
+    """x (B, T, D), positions (T,) long, wq/wk/wv (D', D) with D' = H·d, d even (H: the judge's config):
+    q, k, v (B, H, T, d) and the temporaries of two ropes; three matmuls, 2·B·T·D·D' FLOPs each."""
+    x, positions, wq, wk, wv = replay.trusted_tensors("attention_heads", args, 5)
+    _same_floats("attention_heads", x, wq, wk, wv)
+    H = _config().n_heads
+    if x.dim() != 3 or wq.dim() != 2 or not wq.shape == wk.shape == wv.shape or wq.shape[1] != x.shape[-1] \
+            or wq.shape[0] % (2 * H) or positions.dtype != torch.long or tuple(positions.shape) != (x.shape[1],):
+        _refuse("attention_heads", "tensors other than x (B, T, D), positions (T,) long and three (H·d, D) weights")
+    out = x.shape[0] * x.shape[1] * wq.shape[0]
+    return [8 * out] * 11 + [8 * positions.numel() * wq.shape[0] // H] * 6, 3 * 2 * out * x.shape[-1]
+
+
+def _merge_heads_cost(args: list) -> tuple[list[int], int]:
+    """o (B, H, T, d), wo (D, H·d): out (B, T, D) and o's heads side by side; 2·B·T·H·d·D FLOPs."""
+    o, wo = replay.trusted_tensors("merge_heads", args, 2)
+    _same_floats("merge_heads", o, wo)
+    if o.dim() != 4 or wo.dim() != 2 or wo.shape[1] != o.shape[1] * o.shape[3]:
+        _refuse("merge_heads", "tensors other than o (B, H, T, d) and a (D, H·d) weight")
+    rows = o.shape[0] * o.shape[2]
+    return [8 * o.numel(), 8 * rows * wo.shape[0]], 2 * rows * wo.shape[0] * wo.shape[1]
+
+
+def _embedding(tokens: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if tokens.numel() and not (0 <= int(tokens.min()) and int(tokens.max()) < w.shape[0]):
+        _refuse("embedding", "token ids outside the table")
+    return F.embedding(tokens, w)
+
+
+def _config() -> Any:
+    return model().config
+
+
+TRUSTED: dict[str, replay.TrustedOp] = {
+    "linear": replay.TrustedOp(F.linear, _linear_cost),
+    "rms_norm": replay.TrustedOp(lambda x, w: tt.rms_norm(x, w, _config().norm_eps), _rms_norm_cost),
+    "swiglu": replay.TrustedOp(tt.swiglu, _swiglu_cost),
+    "embedding": replay.TrustedOp(_embedding, _embedding_cost),
+    "attention_heads": replay.TrustedOp(lambda x, positions, wq, wk, wv: tt.attention_heads(
+        x, positions, wq, wk, wv, _config().n_heads, _config().rope_base), _attention_heads_cost),
+    "merge_heads": replay.TrustedOp(tt.merge_heads, _merge_heads_cost),
+}
 
 
 def call_flops_bound(c: int, max_len: int, batch: int = 1) -> int:
@@ -172,21 +288,43 @@ def bug_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int], bug:
 # Cases
 
 
+N_EXAMPLES = 400  # test-split examples a case draws from per seed
+
+
 @lru_cache(maxsize=None)
-def test_examples(seed: int, n: int = 400) -> tuple[tuple[int, ...], ...]:
+def test_examples(seed: int, n: int = N_EXAMPLES) -> tuple[tuple[int, ...], ...]:
     """The token ids of n test-split LikesWorld examples drawn with `seed` (made once per process)."""
     return tuple(e.tokens for e in likesworld.examples("test", n, seed=seed))
+
+
+def _first_examples(seed: int) -> Iterator[tuple[int, ...]]:
+    """The token ids of test_examples(seed) one at a time: most callers need only the first few (each
+    example is rejection-sampled, ~0.1 ms)."""
+    return (e.tokens for e in itertools.islice(likesworld.iter_examples("test", seed), N_EXAMPLES))
 
 
 def example_tokens(seed: int, batch: int = 1, min_len: int = 0) -> torch.Tensor:
     """(batch, T) token ids of test-split LikesWorld examples (seed `seed`): the first `batch`
     examples that have the length of the first example at least min_len tokens long."""
-    exs = test_examples(seed)
+    return torch.tensor(_example_rows(seed, batch, min_len), dtype=torch.long)
+
+
+@lru_cache(maxsize=None)
+def _example_rows(seed: int, batch: int, min_len: int) -> tuple[tuple[int, ...], ...]:
+    length, rows = None, []
+    for tokens in _first_examples(seed):  # the usual case: the first length found has `batch` examples
+        if length is None and len(tokens) >= min_len:
+            length = len(tokens)
+        if len(tokens) == length:
+            rows.append(tokens)
+            if len(rows) == batch:
+                return tuple(rows)
+    exs = test_examples(seed)  # else the next length of the list that has them
     for first in exs:
         if len(first) >= min_len:
             same = [t for t in exs if len(t) == len(first)][:batch]
             if len(same) == batch:
-                return torch.tensor(same, dtype=torch.long)
+                return tuple(same)
     raise ValueError(f"test bug: no {batch} examples of length >= {min_len} for seed {seed}")
 
 
@@ -235,25 +373,28 @@ def check_cached_logits(student, case: CacheCase) -> None:
     max_len = total + case.extra_len
     record = student.scenario("part5.cached_logits", tokens=tokens, chunks=sizes, dtype=case.dtype, max_len=max_len)
 
-    def reference(tokens, m=twin_model):
-        with one_thread():
-            full = m("float64")(tokens)
-        cuts = [0, *[sum(sizes[: j + 1]) for j in range(len(sizes))]]
+    cuts = [0, *[sum(sizes[: j + 1]) for j in range(len(sizes))]]
+
+    def per_call(full: torch.Tensor) -> dict[str, list[torch.Tensor]]:
         return {"logits": [full[:, a:b] for a, b in zip(cuts, cuts[1:])]}
 
+    def twin_reference(tokens):
+        with one_thread():
+            return per_call(twin_model("float64")(tokens))
+
     with one_thread():
+        expected = model("float64")(tokens)                 # trusted: one uncached call, positions 0..T-1
+        plain = model(case.dtype)(tokens)
         rp, _, _ = replay.replay_record(student, record, "forward_with_cache", (tokens,), {},
-                                        named=named_weights(model(case.dtype)), reference=reference,
-                                        main_reference=lambda tokens: reference(tokens, model),
-                                        twin_inputs=((tokens,), {}), twin_named=named_weights(twin_model(case.dtype)))
+                                        named=named_weights(model(case.dtype)), reference=twin_reference,
+                                        main_reference=lambda tokens: per_call(expected),  # the same tokens
+                                        twin_inputs=((tokens,), {}), twin_named=named_weights(twin_model(case.dtype)),
+                                        trusted=TRUSTED)
     res = rp.result
     check(isinstance(res, dict) and isinstance(res.get("logits"), list) and len(res["logits"]) == len(sizes),
           what="forward_with_cache returns logits (B, T, V) for each call",
           detail=f"expected {len(sizes)} results", hint=HINT_CACHE)
     got, lengths = res["logits"], res["lengths"]
-    with one_thread():
-        expected = model("float64")(tokens)                 # trusted: one uncached call, positions 0..T-1
-        plain = model(case.dtype)(tokens)
     atol = ATOL64 if case.dtype == "float64" else ATOL32
     factor = FACTOR if case.dtype == "float32" else 0.0
     err_plain = float((plain.double() - expected).abs().max())
@@ -332,16 +473,16 @@ def twin_prompts(shapes: tuple[tuple[int, int], ...], max_new_tokens: int, dtype
     from a tie, so that any correct cache gives the reference's tokens; None if five draws do not
     give such batches."""
     for draw in range(1, 6):
-        examples = test_examples(replay.twin_seed(seed * 1000 + draw))  # unpredictable outside the judge
-        batches = []
-        for b, t0 in shapes:
-            rows = [e[:t0] for e in examples if len(e) > t0]
-            if len(rows) < b:
+        rows: list[list[tuple[int, ...]]] = [[] for _ in shapes]  # per shape: the first B examples longer than T0
+        for tokens in _first_examples(replay.twin_seed(seed * 1000 + draw)):  # unpredictable outside the judge
+            for (b, t0), got in zip(shapes, rows):
+                if len(got) < b and len(tokens) > t0:
+                    got.append(tokens[:t0])
+            if all(len(got) == b for (b, _), got in zip(shapes, rows)):
+                batches = [tuple(got) for got in rows]
+                if all(greedy_reference(batch, max_new_tokens, dtype)[1] >= MIN_MARGIN for batch in batches):
+                    return tuple(batches)
                 break
-            batches.append(tuple(rows[:b]))
-        else:
-            if all(greedy_reference(batch, max_new_tokens, dtype)[1] >= MIN_MARGIN for batch in batches):
-                return tuple(batches)
     return None
 
 
@@ -373,7 +514,7 @@ def replayed_generations(student, prompts: list[list[int]], groups: list[list[in
                        twin_inputs=(tuple(torch.tensor(b, dtype=torch.long) for b in twin), {}))
     with one_thread():
         rp, _, _ = replay.replay_record(student, record, "generate", xs, {}, seed=None,
-                                        named=named_weights(model(dtype)), **twin_kw)
+                                        named=named_weights(model(dtype)), trusted=TRUSTED, **twin_kw)
     res = rp.result
     check(type(res) is list and len(res) == len(batches), what=what,
           detail=f"the replay returned {type(res).__name__}, expected one result per generate() call",
