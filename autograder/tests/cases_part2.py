@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import pytest
 import torch
@@ -314,14 +314,20 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
 
 def check_key_extents(rp: replay.Replayed, case: AttnCase, *, fn: str, inputs: dict,
                       sides: dict[int, int] | None = None, hint: str | None = None) -> None:
-    """Every matmul between query-side and key-side data spans at most B_c keys (key_extents), so that
-    the call really works one (Q block, K/V block) tile at a time: a B_r × Nk row panel has storage
-    below Nq × Nk and, trimmed to whole visible blocks, the tiled matmul FLOPs."""
+    """Every matmul between query-side and key-side data spans at most B_c keys, and batches at most the
+    call's (batch, head) pairs (key_extents), so that the call really works one (Q block, K/V block) tile
+    at a time: a B_r × Nk row panel has storage below Nq × Nk and, trimmed to whole visible blocks, the
+    tiled matmul FLOPs; keys moved onto a bmm's batch dim would escape a bound on its matrix dims."""
     tile = min(case.block_k, case.nk)
-    limit = lambda what: tile if "tiles" not in what else max(case.block_q, case.block_k, case.d)  # noqa: E731
-    wide = [(what, n) for what, _, n in key_extents(rp, sides) if n > limit(what)]
-    check(not wide, what=f"{fn} multiplies one (Q block, K/V block) tile at a time",
-          detail=(f"{wide[0][0]} spans {wide[0][1]} keys; a K/V block has B_c = {tile}" if wide else ""),
+    limits = {"keys": tile, "tile": max(case.block_q, case.block_k, case.d), "batch": max(1, math.prod(case.lead))}
+    wide = [e for e in key_extents(rp, sides) if e.n > limits[e.bound]]
+    if not wide:
+        return
+    e = wide[0]
+    detail = (f"{e.what} has a batch of {e.n}; the call has {limits['batch']} (batch, head) pairs, and the keys of a "
+              f"tile belong on its matrix dims" if e.bound == "batch" else
+              f"{e.what} spans {e.n} keys; a K/V block has B_c = {tile}")
+    check(False, what=f"{fn} multiplies one (Q block, K/V block) tile at a time", detail=detail,
           hint=hint or HINT_PANEL, inputs=inputs)
 
 
@@ -334,14 +340,21 @@ QUERY_SIDE, KEY_SIDE, VALUE_SIDE = 1, 2, 4  # what a tensor of the replay derive
 FORWARD_SIDES = {0: QUERY_SIDE, 1: KEY_SIDE, 2: VALUE_SIDE}  # flash_forward(q, k, v)
 
 
-def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[tuple[str, int, int]]:
-    """For each matmul of the replay that multiplies query-side data with k- or v-derived data: (what,
-    op index, how many keys it spans). What each tensor derives from is followed through every op of
+class Extent(NamedTuple):
+    what: str  # the product, e.g. "S = Q·Kᵀ"
+    index: int  # its op in the replay
+    n: int  # the extent
+    bound: str  # what bounds it: "keys" (B_c), "tile" (a tile's largest dim), "batch" (the (batch, head) pairs)
+
+
+def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[Extent]:
+    """For each matmul of the replay that multiplies query-side data with k- or v-derived data: how
+    many keys it spans, and its batch. What each tensor derives from is followed through every op of
     the replay, from `sides` (input ref -> QUERY_SIDE / KEY_SIDE / VALUE_SIDE; default the forward's
     q, k, v; the backward adds dO, o and lse on the query side). S = Q·Kᵀ and dP = dO·Vᵀ span the
     k/v side's free dim; P̃·V and dS·K their contraction. When both sides derive from the query side
     (P̃ᵀ·dO, dSᵀ·Q, or data mixed on purpose), every dim of both must fit a tile: the largest of them is
-    reported."""
+    reported. The batch of a bmm (its leading dims) is reported too: keys there would escape the rest."""
     Q, K, V = QUERY_SIDE, KEY_SIDE, VALUE_SIDE
     mask = dict(FORWARD_SIDES if sides is None else sides)
     found = []
@@ -366,11 +379,17 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
         if not (ma | mb) & Q or not (ma | mb) & (K | V):
             continue
         if bool(ma & Q) == bool(mb & Q):  # both (or neither) derive from q: no side is the key side
-            found.append(("a product of q- and k/v-derived tiles", index, max(*a.shape[-2:], *b.shape[-2:])))
+            found.append(Extent("a product of q- and k/v-derived tiles", index, max(*a.shape[-2:], *b.shape[-2:]),
+                                "tile"))
         elif ma & Q:  # A is the query side: B is Kᵀ / Vᵀ (free dim: keys) or K / V (contraction: keys)
-            found.append(("S = Q·Kᵀ", index, b.shape[-1]) if not ma & K else ("P̃·V", index, b.shape[-2]))
+            found.append(Extent("S = Q·Kᵀ", index, b.shape[-1], "keys") if not ma & K
+                         else Extent("P̃·V", index, b.shape[-2], "keys"))
         else:  # B is the query side: A is K / V (free dim: keys) or Kᵀ / Vᵀ (contraction: keys)
-            found.append(("Sᵀ = K·Qᵀ", index, a.shape[-2]) if not mb & K else ("Vᵀ·P̃ᵀ", index, a.shape[-1]))
+            found.append(Extent("Sᵀ = K·Qᵀ", index, a.shape[-2], "keys") if not mb & K
+                         else Extent("Vᵀ·P̃ᵀ", index, a.shape[-1], "keys"))
+        batch = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
+        if batch > 1:
+            found.append(Extent(f"the batched matmul {op.info.short}", index, batch, "batch"))
     return found
 
 
