@@ -880,8 +880,14 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         total += 2 * n_out
                         flops_at[-1] = total
                     else:
+                        # A broadcast product is a matmul hidden in an elementwise op (the sum that
+                        # finishes it is cheap): measured for the rules that refuse it (parts 2, 4, 6),
+                        # and its 2·n_out FLOPs count, so that no FLOP bound can be passed this way.
                         bcast_elems += n_out
                         bcast_ops += 1
+                        flops[name] += 2 * n_out
+                        total += 2 * n_out
+                        flops_at[-1] = total
     result = _dec(record["result"], env) if record["result"] is not None else None
     consts = [t for r, t in base.items() if r in const_refs]
     readers: dict[int, list[int]] = {}

@@ -177,7 +177,8 @@ def _embedding_cost(args: list) -> tuple[list[int], int]:
 
 def _attention_heads_cost(args: list) -> tuple[list[int], int]:
     """x (B, T, D), positions (T,) long, wq/wk/wv (D', D) with D' = H·d, d even (H: the judge's config):
-    q, k, v (B, H, T, d) and the temporaries of two ropes; three matmuls, 2·B·T·D·D' FLOPs each."""
+    q, k, v (B, H, T, d) and the temporaries of two ropes; three matmuls, 2·B·T·D·D' FLOPs each, and
+    the angle table (positions × frequencies, an outer product: 2·T·d/2 FLOPs, as replay counts it)."""
     x, positions, wq, wk, wv = replay.trusted_tensors("attention_heads", args, 5)
     _same_floats("attention_heads", x, wq, wk, wv)
     H = _config().n_heads
@@ -185,7 +186,9 @@ def _attention_heads_cost(args: list) -> tuple[list[int], int]:
             or wq.shape[0] % (2 * H) or positions.dtype != torch.long or tuple(positions.shape) != (x.shape[1],):
         _refuse("attention_heads", "tensors other than x (B, T, D), positions (T,) long and three (H·d, D) weights")
     out = x.shape[0] * x.shape[1] * wq.shape[0]
-    return [8 * out] * 11 + [8 * positions.numel() * wq.shape[0] // H] * 6, 3 * 2 * out * x.shape[-1]
+    T, d = positions.numel(), wq.shape[0] // H
+    angles = T * d if T > 1 and d > 2 else 0  # one position or one frequency is a scaling, not a product
+    return [8 * out] * 11 + [8 * positions.numel() * wq.shape[0] // H] * 6, 3 * 2 * out * x.shape[-1] + angles
 
 
 def _merge_heads_cost(args: list) -> tuple[list[int], int]:
@@ -222,10 +225,14 @@ TRUSTED: dict[str, replay.TrustedOp] = {
 def call_flops_bound(c: int, max_len: int, batch: int = 1) -> int:
     """Most matmul FLOPs of one forward_with_cache call on c new tokens with a cache of max_len:
     per new token the projections (4·d²), the FFN (3·d·d_ff) and the head (d·V), 2 FLOPs each, in
-    every layer; plus scores and P·V (4·d per query-key pair and layer) over at most max_len keys."""
+    every layer; plus scores and P·V (4·d per query-key pair and layer) over at most max_len keys;
+    plus RoPE's angle table (positions × frequencies, an outer product of 2·c·head_dim/2 FLOPs when a
+    block is written out op by op), allowed twice per layer (once for q, once for k). Broadcast
+    products count as the matmuls they are (replay), so recomputing through them pays too."""
     cfg = model().config
     per_token = cfg.n_layers * 2 * (4 * cfg.d_model ** 2 + 3 * cfg.d_model * cfg.d_ff) + 2 * cfg.d_model * cfg.vocab_size
-    return batch * c * (per_token + cfg.n_layers * 4 * cfg.d_model * max_len)
+    rope = cfg.n_layers * 2 * c * cfg.head_dim
+    return batch * c * (per_token + cfg.n_layers * 4 * cfg.d_model * max_len) + rope
 
 
 def check_call_flops(rp: replay.Replayed, sizes: list[int], max_len: int, batch: int, inputs: dict) -> None:
