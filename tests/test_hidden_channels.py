@@ -217,3 +217,18 @@ def test_the_starter_with_hidden_tests_is_not_implemented():
     root = Path(__file__).resolve().parents[1]
     report = grade(root / "starter", parts=[1], test_sets=("public", "hidden"))
     assert report["parts"][0]["status"] == "not_implemented", report["parts"][0]
+
+
+def test_an_edited_hidden_cases_file_is_read_again(tmp_path):
+    """Hidden cases are loaded once per version of their file, not once per process."""
+    import os
+
+    from autograder.engine.cases import hidden_cases
+
+    f = tmp_path / "part1_probe.py"
+    f.write_text("HIDDEN = {'test_probe': [1]}\n")
+    assert hidden_cases(f) == {"test_probe": [1]}
+    f.write_text("HIDDEN = {'test_probe': [1, 2]}\n")
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert hidden_cases(f) == {"test_probe": [1, 2]}
+    assert hidden_cases(tmp_path / "missing.py") == {}

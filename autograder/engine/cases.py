@@ -61,24 +61,28 @@ def hidden_module_path(hidden_dir: Path, test_file: Path) -> Path:
     return Path(hidden_dir) / (Path(test_file).name.removeprefix("test_"))
 
 
-_loaded: dict[Path, dict[str, list]] = {}
+_loaded: dict[tuple[Path, int, int], dict[str, list]] = {}
 
 
 def hidden_cases(path: Path) -> dict[str, list]:
-    """The HIDDEN dict of one hidden-cases file (trusted instructor code, run in the judge)."""
+    """The HIDDEN dict of one hidden-cases file (trusted instructor code, run in the judge). Loaded once
+    per version of the file (path, mtime, size): an instructor who edits it between two grades in one
+    process gets the new cases."""
     path = Path(path).resolve()
-    if path not in _loaded:
-        if not path.is_file():
-            _loaded[path] = {}
-        else:
-            spec = importlib.util.spec_from_file_location(f"_hidden_cases_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            hidden = getattr(module, "HIDDEN", None)
-            if not isinstance(hidden, dict):
-                raise TypeError(f"{path}: a hidden-cases file defines HIDDEN = {{test name: [cases]}}")
-            _loaded[path] = hidden
-    return _loaded[path]
+    try:
+        st = path.stat()
+        key = (path, st.st_mtime_ns, st.st_size)
+    except OSError:
+        return {}
+    if key not in _loaded:
+        spec = importlib.util.spec_from_file_location(f"_hidden_cases_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        hidden = getattr(module, "HIDDEN", None)
+        if not isinstance(hidden, dict):
+            raise TypeError(f"{path}: a hidden-cases file defines HIDDEN = {{test name: [cases]}}")
+        _loaded[key] = hidden
+    return _loaded[key]
 
 
 def parametrize(metafunc: pytest.Metafunc, sets: set[str], hidden_dir: Path | None) -> None:
