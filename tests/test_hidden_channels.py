@@ -232,3 +232,42 @@ def test_an_edited_hidden_cases_file_is_read_again(tmp_path):
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     assert hidden_cases(f) == {"test_probe": [1, 2]}
     assert hidden_cases(tmp_path / "missing.py") == {}
+
+
+def _sandboxes() -> list[str]:
+    from instructor.sandbox import detect
+
+    box = detect()
+    return [box.kind] + (["uid"] if box.kind == "bubblewrap" else []) if box.isolating else []
+
+
+@pytest.mark.parametrize("mode", _sandboxes() or [pytest.param("none", marks=pytest.mark.skip(
+    reason="no isolating sandbox on this machine"))])
+def test_the_view_is_the_same_whatever_the_hidden_inputs(mode, tmp_path):
+    """Graded twice in an instructor sandbox, with the real hidden cases and with every hidden Nq one
+    larger, a submission that carries what it saw from the hidden worker to the diagnosis's worker
+    (SysV IPC, files, the fork server) must show the same view: its hidden inputs never reach it.
+    The attack of instructor/redteam/leak_hidden_via_sysv_ipc does exactly that."""
+    import shutil
+
+    from instructor import redteam
+    from instructor.sandbox import detect
+
+    redteam.assemble(tmp_path / "corpus")
+    sub = tmp_path / "corpus" / "leak_hidden_via_sysv_ipc"
+    real = Path(__file__).resolve().parents[1] / "instructor" / "hidden_tests"
+    shifted = tmp_path / "shifted"
+    shutil.copytree(real, shifted)
+    with (shifted / "part2_flash_forward.py").open("a") as f:
+        f.write("\nimport dataclasses as _dc\nHIDDEN = {name: [_dc.replace(c, nq=c.nq + 1) for c in cases] "
+                "for name, cases in HIDDEN.items()}\n")
+    views = []
+    for hidden in (real, shifted):
+        box = detect(mode).with_uid(None)
+        report = grade(sub, parts=[2], test_sets=("public", "hidden"), hidden_dir=hidden, worker_prefix=box)
+        views.append([{k: t[k] for k in ("id", "outcome", "message")} for t in _hidden(student_view(report))])
+        sweep = getattr(box, "sweep", None)
+        if callable(sweep):
+            sweep()
+    assert views[0] and all(t["outcome"] == "failed" for t in views[0])
+    assert views[0] == views[1]
