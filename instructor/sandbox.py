@@ -23,8 +23,9 @@ confinement config. The judge (pytest, the references, the verdict) stays outsid
 Every mode adds, in the launcher (autograder/engine/confine.py):
 - a seccomp filter that refuses new processes (fork, vfork, clone without CLONE_THREAD; clone3 is
   answered ENOSYS so that glibc falls back to clone for threads), file-backed anonymous memory
-  (memfd_create, memfd_secret) and SysV shared memory (shmget), every socket but AF_UNIX, and the
-  kernel interfaces a worker never needs (unshare, setns, ptrace, mount, bpf, io_uring, ...);
+  (memfd_create, memfd_secret) and SysV shared memory (shmget), the IPC objects that outlive a
+  worker (msgget, semget, mq_open), every socket but AF_UNIX, and the kernel interfaces a worker
+  never needs (unshare, setns, ptrace, mount, bpf, io_uring, ...);
 - RLIMIT_NPROC / RLIMIT_NOFILE / RLIMIT_CORE / RLIMIT_MEMLOCK. Memory (RLIMIT_AS), CPU time and file
   size are the engine's own per-worker limits (autograder.engine Limits).
 
@@ -86,19 +87,23 @@ class SandboxLimits:
 
 _DENY = ("unshare", "setns", "ptrace", "mount", "umount2", "pivot_root", "chroot", "bpf", "perf_event_open",
          "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load", "memfd_create", "shmget",
-         "io_uring_setup", "process_vm_writev", "open_by_handle_at")
+         "io_uring_setup", "process_vm_writev", "open_by_handle_at",
+         # System V message queues and semaphores and POSIX message queues outlive the process that
+         # made them (they belong to the IPC namespace): a worker could leave data for the next one
+         "msgget", "semget", "mq_open")
 _ARCH = {  # machine -> (AUDIT_ARCH_*, {syscall: nr})
     "x86_64": (0xC000003E, dict(fork=57, vfork=58, clone=56, clone3=435, unshare=272, setns=308, ptrace=101,
                                 mount=165, umount2=166, pivot_root=155, chroot=161, bpf=321,
                                 perf_event_open=298, userfaultfd=323, keyctl=250, add_key=248,
                                 request_key=249, kexec_load=246, memfd_create=319, memfd_secret=447,
                                 shmget=29, socket=41, io_uring_setup=425, process_vm_writev=311,
-                                open_by_handle_at=304)),
+                                open_by_handle_at=304, msgget=68, semget=64, mq_open=240)),
     "aarch64": (0xC00000B7, dict(clone=220, clone3=435, unshare=97, setns=268, ptrace=117, mount=40,
                                  umount2=39, pivot_root=41, chroot=51, bpf=280, perf_event_open=241,
                                  userfaultfd=282, keyctl=219, add_key=217, request_key=218, kexec_load=104,
                                  memfd_create=279, memfd_secret=447, shmget=194, socket=198,
-                                 io_uring_setup=425, process_vm_writev=271, open_by_handle_at=265)),
+                                 io_uring_setup=425, process_vm_writev=271, open_by_handle_at=265,
+                                 msgget=186, semget=190, mq_open=180)),
 }
 _EPERM, _EAGAIN, _EACCES, _ENOSYS = 1, 11, 13, 38
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
