@@ -82,7 +82,7 @@ class SandboxLimits:
     nproc: int = 64  # processes + threads of the sandbox uid (the worker uses 1 torch thread)
     nofile: int = 64  # open files: with RLIMIT_FSIZE this bounds what open files can hold
     memlock_bytes: int = 64 << 10
-    tmp_bytes: int = 64 << 20  # size of the private /tmp and /dev/shm (bubblewrap mode)
+    tmp_bytes: int = 64 << 20  # bubblewrap: size of the private /tmp and /dev/shm, and of the fork server's /scratch
 
 
 # ---------------------------------------------------------------------------------------------
