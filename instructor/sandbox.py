@@ -316,7 +316,11 @@ class Sandbox:
         binds = _bind_list(paths)
         argv = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-                "--cap-drop", "ALL", *(["--as-pid-1"] if server else []),
+                "--cap-drop", "ALL",
+                # the server: PID 1, and bwrap tells the engine its pid out here (@INFO_FD@: a pipe),
+                # so that closing it ends the sandbox even though its uid change (setpriv) cleared
+                # --die-with-parent's parent-death signal
+                *(["--as-pid-1", "--info-fd", "@INFO_FD@"] if server else []),
                 # the private /tmp first: binds below it (the engine's copy lives in the temp dir) go on top
                 "--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", "/tmp"]
         made: set[str] = {"/", "/tmp"}

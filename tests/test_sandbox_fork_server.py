@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import textwrap
 from pathlib import Path
 
@@ -272,3 +274,31 @@ def test_the_wipe_empties_what_a_dead_worker_left_and_follows_no_link(tmp_path):
     for i in range(5):
         (top / f"f{i}").write_text("x")
     assert "more than 3 files" in zygote_module._wipe(str(top), budget=3)  # the server then refuses to fork
+
+
+def test_closing_a_submission_ends_its_sandbox_even_when_its_server_is_stuck(tmp_path):
+    """The server is PID 1 of its sandbox under another uid, so bwrap's --die-with-parent does not
+    reach it; the engine kills it by a pidfd (from bwrap's --info-fd), which ends every process
+    of the sandbox, whether or not the server still reads its socket."""
+    from autograder.engine.limits import Limits
+    from autograder.engine.submission import prepare_submission
+
+    box = _bubblewrap().with_uid(64093)
+    sub = prepare_submission(sandbox.ROOT / "solutions", ["online_softmax.py"], tmp_path / "sub")
+    pool = processes.WorkerPool(sub, ["online_softmax"], Limits(), box)
+    try:
+        pool.start()
+        pool._worker.ready()
+        server = pool._server
+        assert server is not None and pool._worker.in_sandbox_server and server._pidfd is not None
+        with open(f"/proc/self/fdinfo/{server._pidfd}") as f:
+            pid = int(next(ln.split()[1] for ln in f if ln.startswith("Pid:")))
+        watch = os.pidfd_open(pid)
+        os.kill(pid, signal.SIGSTOP)  # a server that answers nothing any more
+        pool._worker = None  # (its worker goes with the sandbox)
+        server.close()
+        assert select.select([watch], [], [], 30)[0] == [watch]  # it ended (a pidfd is readable then)
+        os.close(watch)
+    finally:
+        pool.close()
+        sub.cleanup()

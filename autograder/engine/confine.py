@@ -113,6 +113,16 @@ def landlock(read: list[str], write: list[str], abi: int) -> int:
     return abi
 
 
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL): die when the parent does (the launcher, and the fork server in a
+    sandbox: a uid change clears bwrap's --die-with-parent, and the signal comes only where bwrap may
+    still signal it, not under setpriv; there the engine kills it itself, processes.Zygote.close)."""
+    import signal
+
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise _err("prctl(PR_SET_PDEATHSIG)")
+
+
 def set_dumpable(on: bool) -> None:
     """PR_SET_DUMPABLE: a process that is not dumpable cannot be opened by others of its uid (its
     memory, its fds, its /proc files belong to root): the fork server inside a sandbox (zygote.py)."""
@@ -162,7 +172,7 @@ def launch(argv: list[str]) -> None:
     runs bwrap as its child (the filter goes to bwrap on a pipe) and dies of the worker's signal."""
     import signal
 
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent()
     cfg, argv = json.loads(argv[0]), argv[1:]
     if cfg.get("mode") != "bwrap":
         try:

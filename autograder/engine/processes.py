@@ -201,7 +201,7 @@ class Zygote:
 
     _instance: "Zygote | None" = None
     _failed = False
-    REPLY_TIMEOUT_S = 60.0  # a fork server inside a sandbox that does not answer in time is closed
+    REPLY_TIMEOUT_S = 30.0  # a fork server inside a sandbox that does not answer in time is closed
 
     @classmethod
     def prestart(cls) -> None:
@@ -257,11 +257,29 @@ class Zygote:
         boot = (f"import sys;sys.path[:0]=[{str(self.lib_dir)!r}];"
                 "from autograder.engine import zygote;zygote.main()")
         home = self.root or self.lib_dir
-        self.proc = subprocess.Popen(
-            [*argv_prefix, sys.executable, "-I", "-S", "-c", boot, str(theirs.fileno())], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()], cwd=str(home),
-            env=_worker_env(home, 1), start_new_session=True, bufsize=0)
-        theirs.close()
+        argv, info_w = list(argv_prefix), None
+        # a sandboxed server's pid out here, from bwrap (--info-fd): close() kills it by a pidfd
+        self._info_fd: int | None = None
+        self._pidfd: int | None = None
+        if "@INFO_FD@" in argv:
+            self._info_fd, info_w = os.pipe()
+            os.set_blocking(self._info_fd, False)
+            argv = [str(info_w) if a == "@INFO_FD@" else a for a in argv]
+        try:
+            self.proc = subprocess.Popen(
+                [*argv, sys.executable, "-I", "-S", "-c", boot, str(theirs.fileno())], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno(), *([info_w] if info_w is not None else [])], cwd=str(home),
+                env=_worker_env(home, 1), start_new_session=True, bufsize=0)
+        except BaseException:
+            if self._info_fd is not None:
+                os.close(self._info_fd)
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            if info_w is not None:
+                os.close(info_w)
         self.sock = ours
         if self.sandboxed:
             self.sock.settimeout(self.REPLY_TIMEOUT_S)
@@ -277,6 +295,26 @@ class Zygote:
 
     def alive(self) -> bool:
         return self.failure is None and self.proc.poll() is None
+
+    def _sandbox_pidfd(self) -> int | None:
+        """A pidfd of the sandboxed server (its PID 1), from what bwrap wrote to the info pipe:
+        {"child-pid": N}. Opened only for a process that is PID 1 of its own namespace, so never
+        for a stranger that reused the number."""
+        if self._pidfd is None and self._info_fd is not None:
+            import json
+
+            try:
+                pid = int(json.loads(os.read(self._info_fd, 1 << 16))["child-pid"])
+                pidfd = os.pidfd_open(pid)
+                with open(f"/proc/{pid}/status") as f:
+                    nspid = next((ln.split()[1:] for ln in f if ln.startswith("NSpid:")), [])
+                if len(nspid) >= 2 and nspid[-1] == "1":
+                    self._pidfd = pidfd
+                else:
+                    os.close(pidfd)
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # not written yet, or gone: the socket's end stops it anyway
+        return self._pidfd
 
     def _fail(self, why: str) -> OSError:
         """Stop using this server (and kill it with whatever it forked); the error to raise."""
@@ -305,6 +343,8 @@ class Zygote:
                              "the fork server did not start" if ok else
                              f"the fork server did not start within {self.startup_timeout:g} s")
         self.startup_s = float(header.get("startup_s", 0.0))
+        if self.sandboxed:
+            self._sandbox_pidfd()
 
     def _ask(self, req: dict, fds: Sequence[int] = ()) -> dict:
         try:
@@ -349,8 +389,18 @@ class Zygote:
             pass  # _ask closed it
 
     def close(self) -> None:
+        pidfd = self._sandbox_pidfd()
+        if pidfd is not None:  # the sandbox's PID 1: every process of its namespace dies with it
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+        for fd in (pidfd, self._info_fd):
+            if fd is not None:
+                os.close(fd)
+        self._pidfd = self._info_fd = None
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher and bwrap: the sandbox ends with them
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher and bwrap (and, unsandboxed, the zygote)
         except (ProcessLookupError, PermissionError):
             pass
         try:

@@ -108,12 +108,14 @@ def _warm_up() -> None:
 
 
 def _enter_sandbox(box: dict) -> None:
-    """Before anything else: no signal handlers (PID 1 then receives no signal from its namespace:
-    its workers) and not dumpable (no worker may open its memory or write its /proc files)."""
+    """Before anything else: die with bwrap, no signal handlers (PID 1 then receives no signal from
+    its namespace: its workers) and not dumpable (no worker may open its memory or write its /proc
+    files)."""
     global _SANDBOX
     from . import confine
 
     _SANDBOX = box
+    confine.die_with_parent()  # bwrap, outside; the judge's socket closing ends it too (main)
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
