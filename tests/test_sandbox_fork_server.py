@@ -42,7 +42,6 @@ from pathlib import Path
 
 import pytest
 
-from autograder.engine import StudentError
 from autograder.engine.cases import cases
 
 pytestmark = pytest.mark.part1
@@ -59,18 +58,23 @@ def test_public_writes(student):
     save("public_look_same_worker", student.call("probe.look"))  # the look finds what is there
 
 
-@cases()
+def diagnose(student):  # runs after the hidden tests, as a hidden failure's diagnosis
+    save("diagnosis_where", student.call("probe.where"))
+    save("diagnosis", student.call("probe.look"))
+    return None
+
+
+@cases(diagnosis=diagnose)
 def test_hidden(student, case):
     if case == "write_and_die":
-        with pytest.raises(StudentError):
-            student.call("probe.write_and_die", "hidden")  # the worker exits: it is replaced
+        student.call("probe.write_and_die", "hidden")  # the worker exits (replaced); the test fails
     else:
         save(case + "_where", student.call("probe.where"))
         save(case, student.call("probe.look"))
 '''
 
 # the first hidden worker looks (for the public worker's files), writes everywhere it can, dies;
-# the next one looks
+# the next one looks; then the failed hidden test's diagnosis looks, in a worker of its own
 HIDDEN = 'HIDDEN = {"test_hidden": ["look_first", "write_and_die", "look_after"]}\n'
 
 PROBE = '''
@@ -96,7 +100,10 @@ def _places():
 def where():
     with open("/proc/1/cmdline", "rb") as f:
         init = f.read().decode(errors="replace")
-    return {"ppid": os.getppid(), "init": init, "scratch": os.environ.get("TMPDIR"), "cwd": os.getcwd()}
+    with open("/proc/1/stat") as f:
+        started = f.read().rsplit(")", 1)[1].split()[19]  # PID 1's start time: which server, or sandbox
+    return {"ppid": os.getppid(), "init": init, "scratch": os.environ.get("TMPDIR"), "cwd": os.getcwd(),
+            "server": started}
 
 
 def write(tag):
@@ -148,6 +155,9 @@ def look():
 '''
 
 
+WORKERS = ("public_where", "look_first_where", "look_after_where", "diagnosis_where")  # one per worker
+
+
 def _bubblewrap():
     box = detect("bubblewrap")
     if box.kind != "bubblewrap":
@@ -174,8 +184,8 @@ def _grade(assignment: dict, name: str, box, **kw) -> tuple[dict, dict]:
     tests.mkdir()
     (tests / "test_part1_probe.py").write_text(TESTS.format(out=str(out)))
     report = grade(assignment["root"] / "impl", rubric=assignment["root"] / "rubric.toml", tests_dir=tests,
-                   hidden_dir=assignment["root"] / "hidden", test_sets=("public", "hidden"), redact_sets=(),
-                   worker_prefix=box, **kw)
+                   hidden_dir=assignment["root"] / "hidden", test_sets=("public", "hidden"), worker_prefix=box,
+                   **kw)
     return report, {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 
@@ -194,13 +204,15 @@ def forked(assignment) -> dict:
 
 def test_bubblewrap_workers_are_forked_from_a_server_inside_the_sandbox(forked):
     report, said = forked["report"], forked["said"]
-    assert report["timing"]["worker_starts"] == 3  # public, first hidden, its replacement
-    for name in ("public_where", "look_first_where", "look_after_where"):
+    assert report["timing"]["worker_starts"] == 4  # public, first hidden, its replacement, the diagnosis
+    for name in WORKERS:
         where = said[name]
         assert where["ppid"] == 1 and "zygote.main()" in where["init"], where  # the server is PID 1
         assert where["scratch"].startswith(SERVER_SCRATCH + "/") and where["cwd"] == where["scratch"], where
-    scratches = {said[n]["scratch"] for n in ("public_where", "look_first_where", "look_after_where")}
-    assert len(scratches) == 3  # a fresh scratch folder per worker
+    assert len({said[n]["scratch"] for n in WORKERS}) == 4  # a fresh scratch folder per worker
+    # one server for the public and hidden workers; the diagnosis after hidden tests gets a fresh one
+    assert len({said[n]["server"] for n in WORKERS[:3]}) == 1
+    assert said["diagnosis_where"]["server"] != said["public_where"]["server"]
     assert forked["box"].mode_used() == "bubblewrap (workers forked from a fork server inside the sandbox)"
     # the judge never signals a forked worker by its number: that is a PID of the sandbox's namespace
     assert forked["killed"] == []
@@ -219,8 +231,9 @@ def test_nothing_a_worker_writes_reaches_the_next_one(forked):
     said, report = forked["said"], forked["report"]
     assert said["look_first"] == []  # the public worker's files are gone before a hidden worker starts
     assert said["look_after"] == []  # and the hidden worker's (it wrote, then exited) before its replacement
+    assert said["diagnosis"] == []  # nor to the failed hidden test's diagnosis, whose hint is shown
     outcomes = [(t["set"], t["outcome"]) for t in report["tests"]]
-    assert outcomes == [("public", "passed")] + [("hidden", "passed")] * 3, report["tests"]
+    assert outcomes == [("public", "passed"), ("hidden", "passed"), ("hidden", "failed"), ("hidden", "passed")]
 
 
 def test_another_submission_gets_another_server(forked, assignment):
@@ -228,8 +241,10 @@ def test_another_submission_gets_another_server(forked, assignment):
     public worker wrote its scratch, and whose server is gone with its sandbox)."""
     report, said = _grade(assignment, "second", _bubblewrap().with_uid(64091))
     assert said["look_first"] == [] and said["look_after"] == []
-    first = {forked["said"][n]["scratch"] for n in ("public_where", "look_first_where", "look_after_where")}
-    assert not first & {said[n]["scratch"] for n in ("public_where", "look_first_where", "look_after_where")}
+    assert said["diagnosis"] == []
+    first = {forked["said"][n]["scratch"] for n in WORKERS}
+    assert not first & {said[n]["scratch"] for n in WORKERS}
+    assert not {forked["said"][n]["server"] for n in WORKERS} & {said[n]["server"] for n in WORKERS}
 
 
 def test_a_server_that_fails_its_self_check_falls_back_to_direct_workers(assignment, monkeypatch):
@@ -250,10 +265,10 @@ def test_a_server_that_fails_its_self_check_falls_back_to_direct_workers(assignm
     report, said = _grade(assignment, "fallback", box)
     assert box.mode_used().startswith("bubblewrap (workers started directly: the fork server failed its "
                                       "self-check: / is writable"), box.mode_used()
-    for name in ("public_where", "look_first_where", "look_after_where"):
+    for name in WORKERS:
         assert "zygote" not in said[name]["init"], said[name]  # bwrap's own init: a direct worker
-    assert said["look_first"] == [] and said["look_after"] == []
-    assert report["timing"]["worker_starts"] == 3
+    assert said["look_first"] == [] and said["look_after"] == [] and said["diagnosis"] == []
+    assert report["timing"]["worker_starts"] == 4
 
 
 def test_the_wipe_empties_what_a_dead_worker_left_and_follows_no_link(tmp_path):

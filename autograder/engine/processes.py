@@ -684,8 +684,9 @@ class WorkerPool:
 
     One pool grades one submission. With a bubblewrap sandbox it owns that submission's fork server
     inside the sandbox (started on first use, closed with the pool, never shared with another
-    submission): every worker of the submission is forked from it, one at a time, unless it failed,
-    and then started directly, each in a sandbox of its own (the prefix's note_worker records which)."""
+    submission, and replaced by a fresh one where the engine says so: discard(keep_server=False)):
+    every worker of the submission is forked from it, one at a time, unless it failed, and then
+    started directly, each in a sandbox of its own (the prefix's note_worker records which)."""
 
     def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix) -> None:
         self.sub, self.modules, self.limits, self.prefix = sub, modules, limits, prefix
@@ -761,11 +762,16 @@ class WorkerPool:
             self.stats.calls += 1
             self.stats.call_s += time.perf_counter() - t0
 
-    def discard(self, spare: bool = True) -> None:
-        """Kill the current worker (lost, or out of memory: its heap may still hold the bomb)."""
+    def discard(self, spare: bool = True, keep_server: bool = True) -> None:
+        """Kill the current worker (lost, or out of memory: its heap may still hold the bomb).
+        keep_server=False: close the fork server inside the sandbox too, so that the next worker is
+        forked by a fresh one, in a fresh sandbox: nothing an earlier worker did there reaches it."""
         if self._worker is not None:
             self._worker.kill()
             self._worker = None
+        if not keep_server and self._server is not None:
+            self._server.close()
+            self._server = None  # not a failure: the next start begins a new one
         if spare:
             self.warm_up()  # a direct replacement imports torch while the judge records the failure
 
