@@ -8,7 +8,8 @@ The mix: a quarter correct (solutions/), half buggy (the mutation catalogue inst
 applied to solutions/, cycling through it), a quarter hostile (the red-team corpus, cycling). Limits
 are the rubric's (20 s per call, ...), as in a real batch. Three runs, on the same submissions:
 - after:  the batch as it is (call time limits scaled from the reference's own time; sandboxed
-          workers forked from the fork server where the sandbox allows);
+          workers forked from a fork server: the judge's in the uid mode, one inside the
+          submission's sandbox under bubblewrap);
 - clean:  the same without the hostile quarter;
 - before: fixed 20 s call limits and every sandboxed worker started afresh (imports torch), i.e.
           the engine's behaviour before those two changes.

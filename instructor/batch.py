@@ -399,6 +399,9 @@ def _write_summary(out: Path, entries: list[Entry], results: dict, wall: float, 
         "submissions_per_minute": round(60 * len(rows) / wall, 2) if wall > 0 else None,
         "shard": list(shard) if shard else None, "test_sets": list(options.test_sets), "parts": options.parts,
         **info, "environment": env,
+        # the mode string of each feedback (bubblewrap: were its workers forked inside the sandbox?)
+        "sandbox_used": {m: sum(str(r.view.get("sandbox")) == m for r in rows)
+                         for m in sorted({str(r.view.get("sandbox")) for r in rows})},
         "tests_sha256": sorted({h.get("tests") for h in hashes if h.get("tests")}),
         "failed": {r.name: r.reason for r in rows if r.status == "failed to grade"},
         "per_submission_s": {r.name: round(r.elapsed_s, 2) for r in rows if r.elapsed_s},

@@ -111,6 +111,9 @@ def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable 
                        limits=options.limits or None, **extra)
     finally:
         sweep(prefix)
+    if prefix is not None and callable(getattr(prefix, "mode_used", None)):
+        # the mode with how this submission's workers started (bubblewrap: forked inside the sandbox or not)
+        report = {**report, "sandbox": prefix.mode_used()}
     return json.loads(json.dumps(report))  # plain JSON from here on
 
 
@@ -186,7 +189,7 @@ def result(sub: intake.Submission, report: dict | None, failure: dict | None, op
     view["student"] = sub.name
     view["status"] = status
     view["intake"] = {"notes": sub.notes(), "files": sub.files, "sha256": sub.sha256}
-    view["sandbox"] = info["sandbox"]
+    view["sandbox"] = full.get("sandbox") or info["sandbox"]  # run_engine's: how its workers started
     view["hashes"] = {**full.get("hashes", {}), "intake_sha256": sub.sha256,
                       "pip_freeze_sha256": env["pip_freeze_sha256"], "python": env["python"]}
     return Graded(name=sub.name, source=sanitize.name(sub.source, 500), status=status, reason=reason, view=view,

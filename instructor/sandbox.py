@@ -8,7 +8,8 @@ confinement config. The judge (pytest, the references, the verdict) stays outsid
     Python installation, the venv, the course package, the engine's worker files, the scenarios and
     the submission's private copy), private size-capped tmpfs /tmp and /dev/shm, no network, its own
     PID/IPC/UTS namespaces, a new session, no capabilities, --die-with-parent, and, as root, an
-    unprivileged uid (setpriv).
+    unprivileged uid (setpriv). Its workers are forked by a fork server inside such a sandbox, one
+    per submission (fork_server), and started directly, one sandbox each, where it cannot serve.
 "unprivileged-uid"  for where bubblewrap cannot run (an unprivileged container where we are root:
     Gradescope, most CI; Docker's seccomp profile refuses the namespaces bubblewrap needs). The
     worker drops to a dedicated uid (64000 + judge slot) with no groups; Landlock (Linux >= 5.13,
@@ -23,8 +24,9 @@ confinement config. The judge (pytest, the references, the verdict) stays outsid
 Every mode adds, in the launcher (autograder/engine/confine.py):
 - a seccomp filter that refuses new processes (fork, vfork, clone without CLONE_THREAD; clone3 is
   answered ENOSYS so that glibc falls back to clone for threads), file-backed anonymous memory
-  (memfd_create, memfd_secret) and SysV shared memory (shmget), every socket but AF_UNIX, and the
-  kernel interfaces a worker never needs (unshare, setns, ptrace, mount, bpf, io_uring, ...);
+  (memfd_create, memfd_secret) and SysV shared memory (shmget), the IPC objects that outlive a
+  worker (msgget, semget, mq_open), every socket but AF_UNIX, and the kernel interfaces a worker
+  never needs (unshare, setns, ptrace, mount, bpf, io_uring, ...);
 - RLIMIT_NPROC / RLIMIT_NOFILE / RLIMIT_CORE / RLIMIT_MEMLOCK. Memory (RLIMIT_AS), CPU time and file
   size are the engine's own per-worker limits (autograder.engine Limits).
 
@@ -54,6 +56,9 @@ SECRET_PATHS = (ROOT / "solutions", ROOT / "instructor", ROOT / "autograder" / "
 
 
 UID_BASE = 64000  # default unprivileged uid (judge slot i uses UID_BASE + i)
+# bubblewrap's fork server (Sandbox.fork_server): the one writable folder of its sandbox, a tmpfs that
+# the server empties after each worker; each worker gets a fresh folder below it
+SERVER_SCRATCH = "/scratch"
 ENGINE_DIR = ROOT / "autograder" / "engine"
 CONFINE = ENGINE_DIR / "confine.py"  # the launcher (standard library only)
 MODES = ("auto", "bubblewrap", "uid", "rlimits")
@@ -77,7 +82,7 @@ class SandboxLimits:
     nproc: int = 64  # processes + threads of the sandbox uid (the worker uses 1 torch thread)
     nofile: int = 64  # open files: with RLIMIT_FSIZE this bounds what open files can hold
     memlock_bytes: int = 64 << 10
-    tmp_bytes: int = 64 << 20  # size of the private /tmp and /dev/shm (bubblewrap mode)
+    tmp_bytes: int = 64 << 20  # bubblewrap: size of the private /tmp and /dev/shm, and of the fork server's /scratch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,19 +91,23 @@ class SandboxLimits:
 
 _DENY = ("unshare", "setns", "ptrace", "mount", "umount2", "pivot_root", "chroot", "bpf", "perf_event_open",
          "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load", "memfd_create", "shmget",
-         "io_uring_setup", "process_vm_writev", "open_by_handle_at")
+         "io_uring_setup", "process_vm_writev", "open_by_handle_at",
+         # System V message queues and semaphores and POSIX message queues outlive the process that
+         # made them (they belong to the IPC namespace): a worker could leave data for the next one
+         "msgget", "semget", "mq_open")
 _ARCH = {  # machine -> (AUDIT_ARCH_*, {syscall: nr})
     "x86_64": (0xC000003E, dict(fork=57, vfork=58, clone=56, clone3=435, unshare=272, setns=308, ptrace=101,
                                 mount=165, umount2=166, pivot_root=155, chroot=161, bpf=321,
                                 perf_event_open=298, userfaultfd=323, keyctl=250, add_key=248,
                                 request_key=249, kexec_load=246, memfd_create=319, memfd_secret=447,
                                 shmget=29, socket=41, io_uring_setup=425, process_vm_writev=311,
-                                open_by_handle_at=304)),
+                                open_by_handle_at=304, msgget=68, semget=64, mq_open=240)),
     "aarch64": (0xC00000B7, dict(clone=220, clone3=435, unshare=97, setns=268, ptrace=117, mount=40,
                                  umount2=39, pivot_root=41, chroot=51, bpf=280, perf_event_open=241,
                                  userfaultfd=282, keyctl=219, add_key=217, request_key=218, kexec_load=104,
                                  memfd_create=279, memfd_secret=447, shmget=194, socket=198,
-                                 io_uring_setup=425, process_vm_writev=271, open_by_handle_at=265)),
+                                 io_uring_setup=425, process_vm_writev=271, open_by_handle_at=265,
+                                 msgget=186, semget=190, mq_open=180)),
 }
 _EPERM, _EAGAIN, _EACCES, _ENOSYS = 1, 11, 13, 38
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
@@ -154,6 +163,8 @@ class Sandbox:
     kind: str = "rlimits"
     landlock_abi: int = 0  # uid mode: the Landlock ABI applied to every worker (0: permissions only)
     spool: str | None = None  # uid mode: parent of the workers' scratch folders (root-owned, 0711)
+    # how this submission's workers started (note_worker, mode_used): with_uid gives each submission its own
+    used: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.bwrap and self.kind == "rlimits":
@@ -173,14 +184,18 @@ class Sandbox:
         return "none beyond the engine's time limit (no seccomp on this architecture)"
 
     def describe(self) -> dict:
+        workers = {"bubblewrap": "forked from a fork server inside the sandbox, one server per submission; "
+                                 "started directly (a sandbox each) where it cannot serve",
+                   "uid": "forked from the judge's fork server, each confining itself"}
         return {"sandbox": self.mode, "sandbox_kind": self.kind, "process_limit": self.process_limit,
                 "uid": self.uid if self.kind != "rlimits" else None, "landlock_abi": self.landlock_abi,
+                "workers": workers.get(self.kind, "forked from the judge's fork server"),
                 "limits": self.limits.__dict__}
 
     def with_uid(self, uid: int | None) -> "Sandbox":
         if self.kind == "uid":  # a spool of its own: its sweep() must not touch another slot's workers
-            return replace(self, uid=uid if uid is not None else UID_BASE, spool=None)
-        return replace(self, uid=uid if (self.bwrap and self.setpriv) else None)
+            return replace(self, uid=uid if uid is not None else UID_BASE, spool=None, used={})
+        return replace(self, uid=uid if (self.bwrap and self.setpriv) else None, used={})
 
     # the engine calls this with the paths the worker needs (readable), once per worker start
     def __call__(self, paths: Sequence[str]) -> list[str]:
@@ -219,6 +234,53 @@ class Sandbox:
             return [sys.executable, "-I", "-S", str(CONFINE), json.dumps(cfg), *self._bwrap_argv(paths)]
         return [sys.executable, "-I", "-S", str(CONFINE), json.dumps(self.confinement(paths))]
 
+    # -- bubblewrap: one fork server per submission, inside the sandbox ---------------------------
+    def fork_server(self, paths: Sequence[str]) -> tuple[list[str], dict]:
+        """(argv prefix, server config) of one submission's fork server inside a bubblewrap sandbox
+        (autograder/engine/zygote.py), so that its workers are forked with torch already imported.
+
+        The sandbox is the workers' own (the same binds, namespaces, uid) with three changes, because
+        it outlives each worker it serves: everything in it is read-only except SERVER_SCRATCH, a
+        size-capped tmpfs the server empties after every worker, so no worker can leave a file for
+        the next; the server runs as its PID 1, which no signal from inside the namespace reaches;
+        and bwrap installs no seccomp filter (the server must fork): each forked worker installs it
+        itself, with the rlimits, before its first line of student code (forked_confinement). The
+        config lists what the server checks before it serves (zygote.py: _self_check)."""
+        if self.kind != "bubblewrap" or not self.bwrap:
+            raise SandboxError(f"only the bubblewrap sandbox runs a fork server inside it ({self.mode})")
+        launcher = {"rlimits": {}, "seccomp": "", "mode": "bwrap"}  # the rlimits are each worker's
+        argv = [sys.executable, "-I", "-S", str(CONFINE), json.dumps(launcher), *self._bwrap_argv(paths, server=True)]
+        return argv, {"scratch": SERVER_SCRATCH, "probe": self.forked_confinement()}
+
+    def forked_confinement(self) -> dict:
+        """confine.py's config for one worker forked by the fork server inside the sandbox: what the
+        launcher and bwrap give a directly started worker (rlimits, the seccomp filter) and a fresh
+        scratch folder of its own for HOME, TMPDIR and the working directory (a direct worker's are
+        its private /tmp)."""
+        return {"rlimits": self._rlimits(), "seccomp": (self.seccomp or b"").hex(), "mode": "bwrap-fork",
+                "scratch": f"{SERVER_SCRATCH}/{_secrets.token_hex(8)}", "chdir": True}
+
+    def note_worker(self, forked: bool, why: str | None = None) -> None:
+        """The engine's note of how one worker of this submission started (read by mode_used):
+        forked by the fork server inside the sandbox, or directly (`why` it was not forked)."""
+        key = "forked" if forked else "direct"
+        self.used[key] = self.used.get(key, 0) + 1
+        if why and not forked:
+            self.used.setdefault("why", why)
+
+    def mode_used(self) -> str:
+        """`mode`, and for bubblewrap how this submission's workers started: what its report shows."""
+        forked, direct = self.used.get("forked", 0), self.used.get("direct", 0)
+        if self.kind != "bubblewrap" or not (forked or direct):
+            return self.mode
+        if not direct:
+            return f"{self.mode} (workers forked from a fork server inside the sandbox)"
+        why = self.used.get("why", "the fork server is off")
+        if not forked:
+            return f"{self.mode} (workers started directly: {why})"
+        return (f"{self.mode} ({forked} worker(s) forked from a fork server inside the sandbox, {direct} started "
+                f"directly: {why})")
+
     def sweep(self) -> list[str]:
         """After a submission (uid mode): remove the workers' scratch folders and every file the
         sandbox uid left in the world-writable folders, so that no later submission reads it.
@@ -248,11 +310,17 @@ class Sandbox:
                     pass
         return removed
 
-    def _bwrap_argv(self, paths: Sequence[str]) -> list[str]:
+    def _bwrap_argv(self, paths: Sequence[str], server: bool = False) -> list[str]:
+        """bwrap's argv for one worker, or with `server` for the fork server of a submission (see
+        fork_server: read-only but for SERVER_SCRATCH, PID 1, no seccomp filter at this level)."""
         binds = _bind_list(paths)
         argv = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
                 "--cap-drop", "ALL",
+                # the server: PID 1, and bwrap tells the engine its pid out here (@INFO_FD@: a pipe),
+                # so that closing it ends the sandbox even though its uid change (setpriv) cleared
+                # --die-with-parent's parent-death signal
+                *(["--as-pid-1", "--info-fd", "@INFO_FD@"] if server else []),
                 # the private /tmp first: binds below it (the engine's copy lives in the temp dir) go on top
                 "--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", "/tmp"]
         made: set[str] = {"/", "/tmp"}
@@ -291,10 +359,17 @@ class Sandbox:
                 mkdirs(Path(link))
                 argv.extend(["--symlink", target, link])
                 made.add(link)
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", "/dev/shm",
-                 "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
-        if self.seccomp:
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        if server:
+            # a file left anywhere but the scratch tmpfs would outlive its worker: all else read-only
+            # (the remounts last, over everything made above; /dev keeps its device nodes usable)
+            argv += ["--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", SERVER_SCRATCH,
+                     "--remount-ro", "/tmp", "--remount-ro", "/dev", "--remount-ro", "/",
+                     "--setenv", "HOME", SERVER_SCRATCH, "--setenv", "TMPDIR", SERVER_SCRATCH, "--chdir", "/"]
+        else:
+            argv += ["--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", "/dev/shm",
+                     "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
+        if self.seccomp and not server:
             argv += ["--seccomp", "@SECCOMP_FD@"]
         if self.uid is not None:
             # bwrap keeps CAP_SETUID/SETGID only for setpriv, which drops every capability with the uid

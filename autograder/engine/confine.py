@@ -1,11 +1,14 @@
 """Confinement of one worker process: what runs between its start and the first line of student code.
 
 Standard library only, no package imports: it runs in the sandbox launcher (`python -I -S`, before
-anything else) and in a worker freshly forked by the fork server (zygote.py). A config (plain
-JSON, built by instructor/sandbox.py) says what to do, in this order:
+anything else) and in a worker freshly forked by a fork server (zygote.py: the judge's own in the
+uid and rlimits modes, or the one inside a bubblewrap sandbox, where it replaces what the launcher
+and bwrap's --seccomp give a directly started worker). A config (plain JSON, built by
+instructor/sandbox.py) says what to do, in this order:
 
 1. rlimits (only ever lowered): processes, open files, file size, core dumps, locked memory;
-2. scratch: a private folder created here (mode 0700, owned by the worker's uid) for HOME/TMPDIR;
+2. scratch: a private folder created here (mode 0700, owned by the worker's uid) for HOME/TMPDIR
+   (and the working directory, with "chdir": the bubblewrap fork server's workers, as bwrap's own);
 3. uid/gid: drop to an unprivileged uid with no supplementary groups (only when running as root);
 4. no_new_privs, then Landlock (Linux >= 5.13, unprivileged): the worker may read ONLY the listed
    trees, write only its scratch folder, make no TCP connection and signal no process outside;
@@ -27,7 +30,7 @@ import sys
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 4, 38, 22, 2
 _LL_CREATE, _LL_ADD_RULE, _LL_RESTRICT = 444, 445, 446  # same numbers on every architecture
 _LL_RULE_PATH_BENEATH, _LL_RULE_NET_PORT = 1, 2
 _LL_CREATE_RULESET_VERSION = 1
@@ -110,6 +113,23 @@ def landlock(read: list[str], write: list[str], abi: int) -> int:
     return abi
 
 
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL): die when the parent does (the launcher, and the fork server in a
+    sandbox: a uid change clears bwrap's --die-with-parent, and the signal comes only where bwrap may
+    still signal it, not under setpriv; there the engine kills it itself, processes.Zygote.close)."""
+    import signal
+
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise _err("prctl(PR_SET_PDEATHSIG)")
+
+
+def set_dumpable(on: bool) -> None:
+    """PR_SET_DUMPABLE: a process that is not dumpable cannot be opened by others of its uid (its
+    memory, its fds, its /proc files belong to root): the fork server inside a sandbox (zygote.py)."""
+    if _libc.prctl(PR_SET_DUMPABLE, int(on), 0, 0, 0) != 0:
+        raise _err("prctl(PR_SET_DUMPABLE)")
+
+
 def install_seccomp(bpf: bytes) -> None:
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
@@ -132,6 +152,8 @@ def apply(cfg: dict) -> None:
         if uid is not None:
             os.chown(scratch, uid, gid)
         os.environ["HOME"] = os.environ["TMPDIR"] = scratch
+        if cfg.get("chdir"):
+            os.chdir(scratch)
     if uid is not None:
         drop_privileges(int(uid), int(gid))
     if cfg.get("landlock"):
@@ -150,7 +172,7 @@ def launch(argv: list[str]) -> None:
     runs bwrap as its child (the filter goes to bwrap on a pipe) and dies of the worker's signal."""
     import signal
 
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent()
     cfg, argv = json.loads(argv[0]), argv[1:]
     if cfg.get("mode") != "bwrap":
         try:

@@ -20,6 +20,11 @@ __all__ = ["AUTOGRADER_DIR", "ENGINE_DIR", "REPO_ROOT", "MAX_SOURCE_BYTES", "Eng
            "StudentProxy", "SubmissionCopy", "WorkerPool", "WorkerPrefix", "Zygote", "prepare_submission"]
 
 
+# (from, to) test sets between which a submission's fork server may go on forking its workers: the
+# later set's workers may learn what the earlier set's saw (processes.WorkerPool.discard)
+_SERVER_MAY_GO_ON = {("public", "hidden")}
+
+
 class PartState:
     def __init__(self) -> None:
         self.losses = 0
@@ -102,7 +107,10 @@ class Engine:
             # A worker that saw hidden inputs never serves a public call (whose output is shown) nor a
             # hidden failure's diagnosis, nor the other way round: no state passes between the sets,
             # across parts too. The sandbox also clears what the old worker left in shared folders.
-            self.pool.discard(spare=False)
+            # A fork server inside the sandbox (bubblewrap) forks the next set's workers only where they
+            # may know what its earlier ones saw (hidden after public): a worker can leave counters in
+            # it (the next PID, its CPU time), so a diagnosis after hidden tests gets a fresh one.
+            self.pool.discard(spare=False, keep_server=(self.worker_set, proxy.test_set) in _SERVER_MAY_GO_ON)
             sweep = getattr(self.pool.prefix, "sweep", None)
             if callable(sweep):
                 sweep()

@@ -1,4 +1,10 @@
-"""Worker processes: started directly or forked from the zygote, spoken to over pipes, and pooled.
+"""Worker processes: started directly or forked from a zygote, spoken to over pipes, and pooled.
+
+Three ways to start a worker (Worker): forked by the judge's own zygote (no sandbox, or one that a
+forked worker applies to itself: the uid and rlimits modes); forked by the fork server INSIDE the
+submission's bubblewrap sandbox (one per WorkerPool, so per submission: Zygote.in_sandbox); or
+directly, as `[*prefix, python, -I, -S, -c, bootstrap]` (a bubblewrap sandbox of its own per worker),
+which is also where the two others fall back to when they cannot serve, never to a weaker mode.
 
 A worker that hangs, crashes, exits, floods its output or returns something that is not plain data
 costs the call that was running (`Lost`); the pool replaces it for the next call.
@@ -102,6 +108,9 @@ class _PopenProc:
     def wait(self, timeout: float) -> int:
         return self.p.wait(timeout=timeout)
 
+    def kill(self) -> None:
+        _kill_group(self.pid)
+
     def close(self) -> None:
         for f in (self.p.stdin, self.p.stdout, self.p.stderr):
             try:
@@ -120,6 +129,10 @@ class _ForkedProc:
         try:
             self.pid = zygote.spawn([r0, w1, w2], {"env": env, "cwd": cwd, "rlimits": rlimits,
                                                    "confine": confine})
+        except BaseException:
+            for fd in (w0, r1, r2):
+                os.close(fd)
+            raise
         finally:
             for fd in (r0, w1, w2):
                 os.close(fd)
@@ -138,12 +151,26 @@ class _ForkedProc:
             raise subprocess.TimeoutExpired("worker", timeout)
         return self.returncode
 
+    def kill(self) -> None:
+        self.zygote.kill_worker(self.pid)
+
     def close(self) -> None:
         for fd in (self.stdin_fd, self.stdout_fd, self.stderr_fd):
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL a worker's process group (it is a session leader), or the process alone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _worker_env(root: Path, threads: int) -> dict:
@@ -168,10 +195,13 @@ def write_lib(lib_dir: Path, extra: Sequence[str] = ()) -> None:
 
 
 class Zygote:
-    """The fork server (zygote.py) of this judge process; one, started on first use."""
+    """A fork server (zygote.py). The judge's own is one per judge process, started on first use
+    (Zygote.get); a bubblewrap sandbox's is one per submission, inside the sandbox, owned by that
+    submission's WorkerPool (Zygote.in_sandbox)."""
 
     _instance: "Zygote | None" = None
     _failed = False
+    REPLY_TIMEOUT_S = 30.0  # a fork server inside a sandbox that does not answer in time is closed
 
     @classmethod
     def prestart(cls) -> None:
@@ -194,73 +224,183 @@ class Zygote:
             cls._instance = None
         return cls._instance
 
-    def __init__(self, startup_timeout: float) -> None:
+    @classmethod
+    def in_sandbox(cls, startup_timeout: float, argv_prefix: Sequence[str], box: dict, lib_dir: Path) -> "Zygote":
+        """A fork server started through `argv_prefix` (Sandbox.fork_server: bwrap), for one
+        submission: it imports from that submission's private import root `lib_dir` (bound into the
+        sandbox like every worker's) and checks the sandbox described by `box` before it serves."""
+        return cls(startup_timeout, argv_prefix=argv_prefix, box=box, lib_dir=lib_dir)
+
+    def __init__(self, startup_timeout: float, *, argv_prefix: Sequence[str] = (), box: dict | None = None,
+                 lib_dir: Path | None = None) -> None:
         import atexit
         import json
         import socket
         import tempfile
 
         self._json, self._socket = json, socket
-        self.root = Path(tempfile.mkdtemp(prefix="grade-zygote-"))
-        self.lib_dir = self.root / "lib"
-        write_lib(self.lib_dir, extra=("zygote.py",))
-        # the sandboxed workers it forks (another uid) import the engine's worker code from here:
-        # readable by all, writable by none but the judge; it holds only code that ships to students
-        for top, dirs, files in os.walk(self.root):
-            os.chmod(top, 0o755)
-            for f in files:
-                os.chmod(os.path.join(top, f), 0o644)
+        self.sandboxed = box is not None  # inside the sandbox: its own PID namespace, its own checks
+        self.failure: str | None = None  # why it stopped serving (a sandboxed one's is reported)
+        if lib_dir is None:
+            self.root: Path | None = Path(tempfile.mkdtemp(prefix="grade-zygote-"))
+            self.lib_dir = self.root / "lib"
+            write_lib(self.lib_dir, extra=("zygote.py",))
+            # the sandboxed workers it forks (another uid) import the engine's worker code from here:
+            # readable by all, writable by none but the judge; it holds only code that ships to students
+            for top, dirs, files in os.walk(self.root):
+                os.chmod(top, 0o755)
+                for f in files:
+                    os.chmod(os.path.join(top, f), 0o644)
+        else:
+            self.root, self.lib_dir = None, Path(lib_dir)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         boot = (f"import sys;sys.path[:0]=[{str(self.lib_dir)!r}];"
                 "from autograder.engine import zygote;zygote.main()")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", boot, str(theirs.fileno())], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()], cwd=str(self.root),
-            env=_worker_env(self.root, 1), start_new_session=True, bufsize=0)
-        theirs.close()
+        home = self.root or self.lib_dir
+        argv, info_w = list(argv_prefix), None
+        # a sandboxed server's pid out here, from bwrap (--info-fd): close() kills it by a pidfd
+        self._info_fd: int | None = None
+        self._pidfd: int | None = None
+        if "@INFO_FD@" in argv:
+            self._info_fd, info_w = os.pipe()
+            os.set_blocking(self._info_fd, False)
+            argv = [str(info_w) if a == "@INFO_FD@" else a for a in argv]
+        try:
+            self.proc = subprocess.Popen(
+                [*argv, sys.executable, "-I", "-S", "-c", boot, str(theirs.fileno())], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno(), *([info_w] if info_w is not None else [])], cwd=str(home),
+                env=_worker_env(home, 1), start_new_session=True, bufsize=0)
+        except BaseException:
+            if self._info_fd is not None:
+                os.close(self._info_fd)
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            if info_w is not None:
+                os.close(info_w)
         self.sock = ours
+        if self.sandboxed:
+            self.sock.settimeout(self.REPLY_TIMEOUT_S)
         atexit.register(self.close)
-        protocol.write_frame(self.proc.stdin.fileno(), {"config": {
-            "sys_path": [str(self.lib_dir), *_site_dirs(), *_stdlib_dirs()]}})
+        config = {"sys_path": [str(self.lib_dir), *_site_dirs(), *_stdlib_dirs()]}
+        if box is not None:
+            config["sandbox"] = box
+        try:
+            protocol.write_frame(self.proc.stdin.fileno(), {"config": config})
+        except OSError:
+            pass  # it died at once: the first spawn finds it not ready
         self.startup_timeout, self.startup_s = startup_timeout, None  # ready is awaited by the first spawn
+
+    def alive(self) -> bool:
+        return self.failure is None and self.proc.poll() is None
+
+    def _sandbox_pidfd(self) -> int | None:
+        """A pidfd of the sandboxed server (its PID 1), from what bwrap wrote to the info pipe:
+        {"child-pid": N}. Opened only for a process that is PID 1 of its own namespace, so never
+        for a stranger that reused the number."""
+        if self._pidfd is None and self._info_fd is not None:
+            import json
+
+            try:
+                pid = int(json.loads(os.read(self._info_fd, 1 << 16))["child-pid"])
+                pidfd = os.pidfd_open(pid)
+                with open(f"/proc/{pid}/status") as f:
+                    nspid = next((ln.split()[1:] for ln in f if ln.startswith("NSpid:")), [])
+                if len(nspid) >= 2 and nspid[-1] == "1":
+                    self._pidfd = pidfd
+                else:
+                    os.close(pidfd)
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # not written yet, or gone: the socket's end stops it anyway
+        return self._pidfd
+
+    def _fail(self, why: str) -> OSError:
+        """Stop using this server (and kill it with whatever it forked); the error to raise."""
+        self.failure = self.failure or why
+        self.close()
+        if not self.sandboxed:
+            Zygote._failed = True
+        return OSError(self.failure)
 
     def _await_ready(self) -> None:
         if self.startup_s is not None:
             return
+        if self.failure is not None:
+            raise OSError(self.failure)
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
         ok = bool(sel.select(self.startup_timeout))
         sel.close()
-        header = protocol.read_frame(self.proc.stdout.fileno())[0] if ok else {}
+        try:
+            header = protocol.read_frame(self.proc.stdout.fileno())[0] if ok else {}
+        except (EOFError, OSError, protocol.ProtocolError):
+            header = {}
         if not header.get("ready"):
-            self.close()
-            Zygote._failed = True
-            raise OSError("the fork server did not start")
+            why = header.get("reason") if isinstance(header.get("reason"), str) else None
+            raise self._fail(f"the fork server failed its self-check: {why}" if why else
+                             "the fork server did not start" if ok else
+                             f"the fork server did not start within {self.startup_timeout:g} s")
         self.startup_s = float(header.get("startup_s", 0.0))
+        if self.sandboxed:
+            self._sandbox_pidfd()
 
     def _ask(self, req: dict, fds: Sequence[int] = ()) -> dict:
-        if fds:
-            self._socket.send_fds(self.sock, [self._json.dumps(req).encode()], list(fds))
-        else:
-            self.sock.send(self._json.dumps(req).encode())
-        reply = self.sock.recv(1 << 16)
+        try:
+            if fds:
+                self._socket.send_fds(self.sock, [self._json.dumps(req).encode()], list(fds))
+            else:
+                self.sock.send(self._json.dumps(req).encode())
+            reply = self.sock.recv(1 << 16)
+        except OSError as e:
+            if self.sandboxed:  # a late reply would answer the next question: this server is done
+                raise self._fail(f"the fork server stopped answering ({type(e).__name__})") from None
+            raise
         if not reply:
+            if self.sandboxed:
+                raise self._fail("the fork server died")
             raise OSError("the fork server is gone")
         return self._json.loads(reply)
 
     def spawn(self, fds: list[int], req: dict) -> int:
         self._await_ready()
-        return int(self._ask({"op": "spawn", **req}, fds)["pid"])
+        reply = self._ask({"op": "spawn", **req}, fds)
+        if "pid" not in reply:  # the server refused (inside a sandbox: its scratch is not clean)
+            raise self._fail(str(reply.get("error", "the fork server refused to fork")))
+        return int(reply["pid"])
 
     def status(self, pid: int, wait: float) -> int | None:
         try:
             return self._ask({"op": "status", "pid": pid, "wait": wait})["status"]
         except OSError:
-            return -9  # the zygote died; treat its child as killed
+            return -9  # the zygote died (inside a sandbox: it was closed, with the worker); treat its child as killed
+
+    def kill_worker(self, pid: int) -> None:
+        """SIGKILL one forked worker's process group. Inside a sandbox the server does it: `pid` is a
+        number in the sandbox's PID namespace, another process (or none) out here. Should the
+        server not answer, closing it ends the whole sandbox, its worker with it."""
+        if not self.sandboxed:
+            _kill_group(pid)
+            return
+        try:
+            self._ask({"op": "kill", "pid": pid})
+        except OSError:
+            pass  # _ask closed it
 
     def close(self) -> None:
+        pidfd = self._sandbox_pidfd()
+        if pidfd is not None:  # the sandbox's PID 1: every process of its namespace dies with it
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+        for fd in (pidfd, self._info_fd):
+            if fd is not None:
+                os.close(fd)
+        self._pidfd = self._info_fd = None
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher and bwrap (and, unsandboxed, the zygote)
         except (ProcessLookupError, PermissionError):
             pass
         try:
@@ -268,7 +408,16 @@ class Zygote:
         except subprocess.TimeoutExpired:
             pass
         self.sock.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        import atexit
+
+        atexit.unregister(self.close)  # one per submission in a batch: not kept until the judge exits
         if Zygote._instance is self:
             Zygote._instance = None
 
@@ -276,34 +425,43 @@ class Zygote:
 class Worker:
     """One worker process, started at construction; `ready()` waits for it.
 
-    Started through the zygote (fork server) when limits.fork_server is on and there is no
-    worker_prefix, or the prefix can confine a forked worker itself (instructor/sandbox.py's
-    uid and rlimits modes: `prefix.confinement(paths)`, applied by the forked child before any
-    student code, see confine.py); else directly as `[*prefix, python, -I, -S, -c, bootstrap]`."""
+    Forked when limits.fork_server is on: by `server`, the submission's fork server inside its
+    bubblewrap sandbox (the pool passes it; `prefix.forked_confinement()` is applied by the child),
+    or by the judge's zygote when there is no worker_prefix or the prefix can confine a forked
+    worker itself (instructor/sandbox.py's uid and rlimits modes: `prefix.confinement(paths)`); the
+    child applies it before any student code (confine.py). Else, or when the fork server fails,
+    started directly as `[*prefix, python, -I, -S, -c, bootstrap]`."""
 
-    def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix) -> None:
+    def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix,
+                 server: Zygote | None = None) -> None:
         import resource as rl
 
         self.limits, self.sub = limits, sub
         mem = limits.memory_mb << 20 if limits.memory_mb > 0 else -1
         env = _worker_env(sub.root, limits.threads)
         self.started = time.perf_counter()
-        zygote = Zygote.get(limits.startup_timeout_s) if _forkable(prefix) and limits.fork_server else None
+        zygote = server
+        if zygote is None and _forkable(prefix) and limits.fork_server:
+            zygote = Zygote.get(limits.startup_timeout_s)
         self.proc: _PopenProc | _ForkedProc | None = None
         if zygote is not None:
             lib = zygote.lib_dir
             rlimits = {"RLIMIT_AS": mem, "RLIMIT_CORE": 0, "RLIMIT_FSIZE": limits.file_size_mb << 20,
                        "RLIMIT_CPU": limits.cpu_s}
             confine = None
-            if prefix is not None:  # a SandboxError here is the sandbox refusing: it propagates
+            if zygote.sandboxed:  # the sandbox is the server's; the child adds rlimits, seccomp, its scratch
+                confine = prefix.forked_confinement()
+            elif prefix is not None:  # a SandboxError here is the sandbox refusing: it propagates
                 confine = prefix.confinement([*_worker_paths(sub), str(zygote.root)])
-                env = {**env, "HOME": confine.get("scratch") or env["HOME"],
-                       "TMPDIR": confine.get("scratch") or env["TMPDIR"]}
+            if confine is not None and confine.get("scratch"):
+                env = {**env, "HOME": confine["scratch"], "TMPDIR": confine["scratch"]}
             try:
                 self.proc = _ForkedProc(zygote, env, str(sub.root), rlimits, confine)
-            except OSError:  # the fork server failed: start this worker directly
-                Zygote._failed = True
+            except OSError:  # the fork server failed (it says why: zygote.failure): start this worker directly
+                if not zygote.sandboxed:
+                    Zygote._failed = True
         self.forked = self.proc is not None
+        self.in_sandbox_server = self.forked and zygote is not None and zygote.sandboxed
         if self.proc is None:
             lib = sub.lib_dir
             boot = _BOOTSTRAP.format(
@@ -354,13 +512,7 @@ class Worker:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its whole process group
-            except (ProcessLookupError, PermissionError):
-                try:
-                    os.kill(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self.proc.kill()  # its whole process group (a forked one's through its fork server)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -490,10 +642,16 @@ def _worker_paths(sub: "SubmissionCopy") -> list[str]:
 
 
 def _forkable(prefix: WorkerPrefix) -> bool:
-    """No sandbox, or one whose confinement the fork server can apply in the forked worker (a
-    private file system, bubblewrap's, cannot be entered that way: such workers start directly)."""
+    """No sandbox, or one whose confinement the judge's fork server can apply in the forked worker (a
+    private file system, bubblewrap's, cannot be entered that way: see _serves_in_sandbox)."""
     return prefix is None or (callable(getattr(prefix, "confinement", None))
                               and getattr(prefix, "kind", None) in ("uid", "rlimits"))
+
+
+def _serves_in_sandbox(prefix: WorkerPrefix) -> bool:
+    """A bubblewrap sandbox that can run a fork server inside it (instructor/sandbox.py fork_server)."""
+    return (getattr(prefix, "kind", None) == "bubblewrap" and callable(getattr(prefix, "fork_server", None))
+            and callable(getattr(prefix, "forked_confinement", None)))
 
 
 class _Output:
@@ -522,21 +680,57 @@ class CallStats:
 
 class WorkerPool:
     """One worker reused across calls; after a loss it is replaced (a spare is started at once,
-    unless the caller says no further call will need it)."""
+    unless the caller says no further call will need it).
+
+    One pool grades one submission. With a bubblewrap sandbox it owns that submission's fork server
+    inside the sandbox (started on first use, closed with the pool, never shared with another
+    submission, and replaced by a fresh one where the engine says so: discard(keep_server=False)):
+    every worker of the submission is forked from it, one at a time, unless it failed, and then
+    started directly, each in a sandbox of its own (the prefix's note_worker records which)."""
 
     def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix) -> None:
         self.sub, self.modules, self.limits, self.prefix = sub, modules, limits, prefix
         self.stats = CallStats()
         self._worker: Worker | None = None
+        self._server: Zygote | None = None
+        self._server_failure: str | None = None  # why this submission's workers are started directly
+
+    def _sandbox_server(self) -> Zygote | None:
+        """The submission's fork server inside its bubblewrap sandbox, started on first use; None
+        without one (another sandbox, fork_server off) or once it failed."""
+        if not (self.limits.fork_server and _serves_in_sandbox(self.prefix)) or self._server_failure:
+            return None
+        if self._server is not None and not self._server.alive():
+            self._server_failure = self._server.failure or "the fork server in the sandbox died"
+            self._server.close()
+            return None
+        if self._server is None:
+            argv, box = self.prefix.fork_server(_worker_paths(self.sub))  # a SandboxError propagates
+            try:
+                self._server = Zygote.in_sandbox(self.limits.startup_timeout_s, argv, box, self.sub.lib_dir)
+            except OSError as e:
+                self._server_failure = f"the fork server could not be started ({e.strerror or e})"
+        return self._server
 
     def start(self) -> None:
         if self._worker is None:
-            self._worker = Worker(self.sub, self.modules, self.limits, self.prefix)
+            server = self._sandbox_server()
+            self._worker = Worker(self.sub, self.modules, self.limits, self.prefix, server=server)
             self.stats.worker_starts += 1
+            if server is not None and not self._worker.forked:  # it failed: the rest start directly
+                self._server_failure = server.failure or "the fork server in the sandbox refused to fork"
+                server.close()
+            note = getattr(self.prefix, "note_worker", None)
+            if callable(note) and getattr(self.prefix, "kind", None) == "bubblewrap":
+                note(self._worker.in_sandbox_server,
+                     None if self._worker.in_sandbox_server else
+                     self._server_failure or "the fork server is off (limits.fork_server)")
 
     def warm_up(self) -> None:
         """Start what the first call will need, without waiting for it: the fork server (it then
         imports torch while the judge collects tests), or, without one, the first worker."""
+        if self._sandbox_server() is not None:
+            return
         if _forkable(self.prefix) and self.limits.fork_server:
             Zygote.get(self.limits.startup_timeout_s)
         else:
@@ -568,11 +762,16 @@ class WorkerPool:
             self.stats.calls += 1
             self.stats.call_s += time.perf_counter() - t0
 
-    def discard(self, spare: bool = True) -> None:
-        """Kill the current worker (lost, or out of memory: its heap may still hold the bomb)."""
+    def discard(self, spare: bool = True, keep_server: bool = True) -> None:
+        """Kill the current worker (lost, or out of memory: its heap may still hold the bomb).
+        keep_server=False: close the fork server inside the sandbox too, so that the next worker is
+        forked by a fresh one, in a fresh sandbox: nothing an earlier worker did there reaches it."""
         if self._worker is not None:
             self._worker.kill()
             self._worker = None
+        if not keep_server and self._server is not None:
+            self._server.close()
+            self._server = None  # not a failure: the next start begins a new one
         if spare:
             self.warm_up()  # a direct replacement imports torch while the judge records the failure
 
@@ -580,3 +779,6 @@ class WorkerPool:
         if self._worker is not None:
             self._worker.kill()
             self._worker = None
+        if self._server is not None:  # the sandbox, and with it anything the submission left there, ends
+            self._server.close()
+            self._server = None

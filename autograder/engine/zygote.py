@@ -1,13 +1,29 @@
 """Fork server for workers: imports torch and the course package once, then forks fresh workers.
 
-Starting a worker is mostly `import torch` (1–3 s). Without a sandbox, or with one that a forked
-worker can apply to itself (instructor/sandbox.py's uid and rlimits modes), the judge starts ONE
-zygote process (`python -I -S`, like a worker) and asks it over a Unix socket for
-each new worker: the judge creates the worker's three pipes and passes their ends with
-SCM_RIGHTS; the zygote forks; the child makes itself a session leader, sets its resource limits,
-moves the pipes to fds 0/1/2, applies the sandbox's confinement (confine.py: uid, Landlock,
-seccomp) and runs worker.main() exactly as a directly started worker would.
-The zygote never imports or runs student code; it only forks, reaps and reports exit statuses.
+Starting a worker is mostly `import torch` (1–3 s). The judge starts a zygote process (`python -I
+-S`, like a worker) and asks it over a Unix socket for each new worker: the judge creates the
+worker's three pipes and passes their ends with SCM_RIGHTS; the zygote forks; the child makes
+itself a session leader, closes every other descriptor, sets its resource limits, moves the pipes to
+fds 0/1/2, applies the sandbox's confinement (confine.py: uid, Landlock, seccomp, scratch folder)
+and runs worker.main() exactly as a directly started worker would. The zygote never imports or runs
+student code; it only forks, reaps, kills its children when asked and reports exit statuses.
+
+Two kinds (processes.Zygote):
+- the judge's own, one per judge process: without a sandbox, or with one that a forked worker
+  applies to itself (instructor/sandbox.py's uid and rlimits modes);
+- one INSIDE a bubblewrap sandbox per submission (Sandbox.fork_server): bubblewrap's private file
+  system cannot be entered by a forked process, so the server runs in it. Its config then has a
+  "sandbox" entry, and the server also
+  * checks its sandbox before it serves (_self_check): it is not root, it is PID 1, every mount but
+    the scratch tmpfs (and /proc, /dev/pts and the device nodes) is read-only, the scratch is empty,
+    and a probe child confined as a worker is cannot fork nor write outside the scratch. Otherwise
+    it answers "not ready" with the reason, and the judge starts that submission's workers directly;
+  * keeps no signal handler: PID 1 of a namespace receives no signal from inside it that it does not
+    handle, so no worker can stop, kill or interrupt it; and it is not dumpable, so no worker can
+    read or write its memory or its /proc files (they belong to root then);
+  * serves ONE worker at a time, and empties the scratch tmpfs, the only place a worker can write,
+    when a worker dies and again before each fork (after killing and reaping any child still alive).
+    If the scratch cannot be emptied it refuses to fork, and the judge starts the worker directly.
 """
 from __future__ import annotations
 
@@ -15,11 +31,18 @@ import json
 import os
 import resource
 import select
+import signal
 import socket
+import stat
 import sys
 import time
 
 from . import protocol
+
+_SANDBOX: dict | None = None  # the config's "sandbox" entry when this server runs inside one
+_HANDLERS: dict[int, object] = {}  # the Python signal handlers a fresh interpreter has (inside a sandbox)
+_LIVE: set[int] = set()  # forked workers not reaped yet
+_WIPE_BUDGET = 100_000  # entries a dead worker may leave in the scratch; beyond, the server stops forking
 
 
 def _child(fds: list[int], req: dict, sock: socket.socket) -> None:
@@ -28,9 +51,10 @@ def _child(fds: list[int], req: dict, sock: socket.socket) -> None:
         sock.close()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
+        # the server's other descriptors (its own pipes to the judge, what torch opened) are not the worker's
+        os.closerange(3, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 256))
+        for sig, handler in _HANDLERS.items():  # what a directly started interpreter has (SIGINT, SIGPIPE)
+            signal.signal(sig, handler)
         for name, value in req.get("rlimits", {}).items():
             if value >= 0:
                 resource.setrlimit(getattr(resource, name), (value, value))
@@ -38,8 +62,8 @@ def _child(fds: list[int], req: dict, sock: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(req.get("env", {}))
         if req.get("confine"):
-            # the sandbox (uid, Landlock, seccomp): applied here, before any student code; a step
-            # that fails ends the worker before it runs anything
+            # the sandbox (uid, Landlock, seccomp, scratch): applied here, before any student code; a
+            # step that fails ends the worker before it runs anything
             from . import confine
 
             try:
@@ -47,6 +71,9 @@ def _child(fds: list[int], req: dict, sock: socket.socket) -> None:
             except Exception as e:  # noqa: BLE001
                 os.write(2, f"sandbox: could not confine the worker: {e}\n".encode())
                 os._exit(70)
+        elif _SANDBOX is not None:
+            os.write(2, b"sandbox: no confinement given for a worker of the fork server in the sandbox\n")
+            os._exit(70)
         from . import worker
 
         worker.main()
@@ -76,10 +103,171 @@ def _warm_up() -> None:
         pass
 
 
+# ---------------------------------------------------------------------------------------------
+# inside a bubblewrap sandbox
+
+
+def _enter_sandbox(box: dict) -> None:
+    """Before anything else: die with bwrap, no signal handlers (PID 1 then receives no signal from
+    its namespace: its workers) and not dumpable (no worker may open its memory or write its /proc
+    files)."""
+    global _SANDBOX
+    from . import confine
+
+    _SANDBOX = box
+    confine.die_with_parent()  # bwrap, outside; the judge's socket closing ends it too (main)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        handler = signal.getsignal(sig)
+        if handler not in (None, signal.SIG_DFL):
+            _HANDLERS[sig] = handler
+            signal.signal(sig, signal.SIG_DFL)
+    confine.set_dumpable(False)
+
+
+def _mounts() -> list[tuple[str, str, list[str]]]:
+    """(mount point, file-system type, mount options) of every mount this process sees."""
+    def unescape(s: str) -> str:  # mountinfo writes space, tab, newline and backslash as \\ooo
+        out, i = [], 0
+        while i < len(s):
+            if s[i] == "\\" and s[i + 1:i + 4].isdigit():
+                out.append(chr(int(s[i + 1:i + 4], 8)))
+                i += 4
+            else:
+                out.append(s[i])
+                i += 1
+        return "".join(out)
+
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            found.append((unescape(fields[4]), right.split()[0], fields[5].split(",")))
+    return found
+
+
+def _wipe(top: str, budget: int = _WIPE_BUDGET) -> str | None:
+    """Remove everything below `top`; None once it is empty, else why it is not. Called only while no
+    worker is alive, so nothing changes under the walk: an entry that lstat calls a folder is one
+    (symbolic links are removed, never followed). A folder a worker closed even to its owner (mode
+    000) is opened up first; the server has the workers' uid."""
+    stack, seen = [top], 0
+    try:
+        while stack:
+            path = stack[-1]
+            if path != top:  # top is the tmpfs itself (mode 1777, not the server's to chmod)
+                os.chmod(path, 0o700)
+            subdirs = []
+            with os.scandir(path) as it:
+                for entry in it:
+                    seen += 1
+                    if seen > budget:
+                        return f"more than {budget} files were left in it"
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.path)
+                    else:
+                        os.unlink(entry.path)
+            if subdirs:
+                stack.extend(subdirs)
+                continue
+            stack.pop()
+            if path != top:
+                os.rmdir(path)
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return None if not os.listdir(top) else "it is not empty after the wipe"
+
+
+def _probe(cfg: dict) -> str | None:
+    """Fork a child, confine it as a worker (cfg: Sandbox.forked_confinement) and check that it cannot
+    fork (when there is a seccomp filter) nor write outside its scratch folder. None when it holds."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            from . import confine
+
+            confine.apply(cfg)
+            code = 2
+            if cfg.get("seccomp"):
+                try:
+                    if os.fork() == 0:
+                        os._exit(0)
+                except OSError:
+                    code = 3
+            else:
+                code = 3
+            if code == 3:
+                code = 4
+                for outside in ("/", "/tmp", "/dev"):
+                    try:
+                        open(os.path.join(outside, ".probe"), "w").close()
+                        os._exit(4)
+                    except OSError:
+                        pass
+                code = 5
+                with open(os.path.join(cfg["scratch"], "probe"), "w") as f:
+                    f.write("x")
+                code = 0
+        finally:
+            os._exit(code)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    why = _wipe(_SANDBOX["scratch"])
+    problems = {1: "a worker could not be confined", 2: "a confined worker could still fork",
+                4: "a confined worker could write outside its scratch folder",
+                5: "a confined worker could not write its scratch folder"}
+    if code:
+        return problems.get(code, f"the probe worker ended with status {code}")
+    return f"the probe's scratch could not be emptied: {why}" if why else None
+
+
+def _self_check(box: dict) -> str | None:
+    """Why this sandbox may not host a fork server (see the module docstring), or None."""
+    scratch = box["scratch"]
+    if os.getuid() == 0 or os.geteuid() == 0:
+        return "it would run as root inside the sandbox (its workers could write its /proc files)"
+    if os.getpid() != 1:
+        return "it is not the PID 1 of its sandbox"
+    for point, fstype, options in _mounts():
+        if "ro" in options or point == scratch or fstype in ("proc", "devpts"):
+            continue  # /proc: per-process files (the server's own are root's); devpts: terminals
+        try:
+            device = stat.S_ISCHR(os.stat(point).st_mode)  # /dev/null and the other device nodes
+        except OSError:
+            device = False
+        if not device:
+            return f"{point} is writable ({fstype}); only {scratch} may be"
+    try:
+        if os.listdir(scratch):
+            return f"{scratch} is not empty"
+    except OSError as e:
+        return f"{scratch}: {e.strerror or e}"
+    return _probe(box["probe"])
+
+
+def _kill_all(statuses: dict[int, int]) -> None:
+    """Kill and reap every worker still alive (inside a sandbox: one worker at a time)."""
+    for pid in sorted(_LIVE):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            statuses[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except ChildProcessError:
+            pass
+        _LIVE.discard(pid)
+
+
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     header, _ = protocol.read_frame(0)
     cfg = header["config"]
+    box = cfg.get("sandbox")
+    if box:
+        _enter_sandbox(box)
     sys.path[:] = [p for p in cfg["sys_path"] if isinstance(p, str)]
     sys.dont_write_bytecode = True
     started = time.perf_counter()
@@ -96,18 +284,31 @@ def main() -> None:
     import gc
 
     gc.freeze()  # the imports' objects: never walked by a collection, and their pages stay shared after fork
+    if box:
+        try:
+            why = _self_check(box)
+        except Exception as e:  # noqa: BLE001 -- a check that cannot run has not passed
+            why = f"{type(e).__name__}: {e}"
+        if why:
+            protocol.write_frame(1, {"ok": False, "ready": False, "reason": why})
+            os._exit(0)
     protocol.write_frame(1, {"ok": True, "ready": True, "pid": os.getpid(), "startup_s": time.perf_counter() - started})
     statuses: dict[int, int] = {}
 
     def reap() -> None:
+        died = False
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
+                break
             statuses[pid] = os.waitstatus_to_exitcode(status)
+            _LIVE.discard(pid)
+            died = True
+        if died and _SANDBOX is not None and not _LIVE:
+            _wipe(_SANDBOX["scratch"])  # what it left goes now; checked again before the next fork
 
     while True:
         readable, _, _ = select.select([sock], [], [], 0.5)
@@ -122,9 +323,18 @@ def main() -> None:
             os._exit(0)  # the judge is gone
         req = json.loads(msg)
         if req["op"] == "spawn":
+            if _SANDBOX is not None:
+                _kill_all(statuses)
+                why = _wipe(_SANDBOX["scratch"])
+                if why:  # never fork a worker where the last one's files could still be read
+                    for fd in fds:
+                        os.close(fd)
+                    sock.send(json.dumps({"error": f"the scratch folder could not be emptied: {why}"}).encode())
+                    continue
             pid = os.fork()
             if pid == 0:
                 _child(fds, req, sock)
+            _LIVE.add(pid)
             for fd in fds:
                 os.close(fd)
             sock.send(json.dumps({"pid": pid}).encode())
@@ -136,5 +346,13 @@ def main() -> None:
                     break
                 time.sleep(0.005)
             sock.send(json.dumps({"pid": pid, "status": statuses.pop(pid, None)}).encode())
+        elif req["op"] == "kill":  # the judge cannot signal a worker in another PID namespace itself
+            pid = int(req["pid"])
+            if pid in _LIVE:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            sock.send(b'{"ok": true}')
         else:
             sock.send(b'{"error": "unknown op"}')

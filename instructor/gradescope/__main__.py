@@ -127,7 +127,8 @@ def run(root: Path, parts: Sequence[int] | None = None, out: Path | None = None)
             options = Options(parts=list(parts) if parts else None, test_sets=("public", "hidden"), sandbox=box)
             with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
                 graded = grade_one(root / "submission", Path(tmp), options, name="submission")
-            print(f"sandbox: {box.describe()['sandbox']}; status: {graded.status}")  # stdout: hidden from students
+            # stdout: hidden from students; the view's mode says how the workers started (bubblewrap)
+            print(f"sandbox: {graded.view.get('sandbox') or box.mode}; status: {graded.status}")
             if graded.status == "failed to grade":
                 print(graded.failure.get("traceback", ""))
                 result = failing_result(graded.reason)
