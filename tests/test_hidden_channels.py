@@ -196,8 +196,9 @@ def naive_softmax(x):
 
 @pytest.mark.parametrize("how", ["crash", "wrong"])
 def test_crashing_hidden_calls_do_not_change_the_diagnosis(tmp_path, how):
-    """The diagnosis has its own loss budget: a submission that crashes hidden calls on purpose (or
-    not) cannot make the diagnosis give up, which would be one more bit chosen on hidden inputs."""
+    """The diagnoses run before the hidden tests, with a loss budget of their own: a submission that
+    crashes hidden calls on purpose (or not) cannot make a diagnosis give up, which would be one more
+    bit chosen on hidden inputs."""
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_part1_probe.py").write_text(DIAGNOSED_TESTS)
     (tmp_path / "hidden").mkdir()
@@ -238,16 +239,15 @@ def _sandboxes() -> list[str]:
     from instructor.sandbox import detect
 
     box = detect()
-    return [box.kind] + (["uid"] if box.kind == "bubblewrap" else []) if box.isolating else []
+    return ["none"] + ([box.kind] + (["uid"] if box.kind == "bubblewrap" else []) if box.isolating else [])
 
 
-@pytest.mark.parametrize("mode", _sandboxes() or [pytest.param("none", marks=pytest.mark.skip(
-    reason="no isolating sandbox on this machine"))])
+@pytest.mark.parametrize("mode", _sandboxes())
 def test_the_view_is_the_same_whatever_the_hidden_inputs(mode, tmp_path):
-    """Graded twice in an instructor sandbox, with the real hidden cases and with every hidden Nq one
-    larger, a submission that carries what it saw from the hidden worker to the diagnosis's worker
-    (SysV IPC, files, the fork server) must show the same view: its hidden inputs never reach it.
-    The attack of instructor/redteam/leak_hidden_via_sysv_ipc does exactly that."""
+    """Graded twice, with the real hidden cases and with every hidden Nq one larger, a submission that
+    carries what it saw from a hidden worker to later workers (SysV IPC, files, the fork server) must
+    show the same view, with no sandbox and in each instructor sandbox: its hidden inputs never reach
+    it. The attack of instructor/redteam/leak_hidden_via_sysv_ipc does exactly that."""
     import shutil
 
     from instructor import redteam
@@ -263,7 +263,7 @@ def test_the_view_is_the_same_whatever_the_hidden_inputs(mode, tmp_path):
                 "for name, cases in HIDDEN.items()}\n")
     views = []
     for hidden in (real, shifted):
-        box = detect(mode).with_uid(None)
+        box = detect(mode).with_uid(None) if mode != "none" else None
         report = grade(sub, parts=[2], test_sets=("public", "hidden"), hidden_dir=hidden, worker_prefix=box)
         views.append([{k: t[k] for k in ("id", "outcome", "message")} for t in _hidden(student_view(report))])
         sweep = getattr(box, "sweep", None)
@@ -271,3 +271,22 @@ def test_the_view_is_the_same_whatever_the_hidden_inputs(mode, tmp_path):
             sweep()
     assert views[0] and all(t["outcome"] == "failed" for t in views[0])
     assert views[0] == views[1]
+
+
+def test_every_diagnosis_finds_nothing_in_the_solutions(monkeypatch):
+    """The diagnoses run on every grade with hidden tests; on the solutions each must run and find no
+    failing probe (a ladder that cannot call the student would name a bug that is not there)."""
+    from autograder.engine import runner
+    from autograder.tests import probes
+
+    seen: dict = {}
+    real = runner.GradingPlugin.run_diagnoses
+
+    def spy(self):
+        real(self)
+        seen.update(self.hints)
+
+    monkeypatch.setattr(runner.GradingPlugin, "run_diagnoses", spy)
+    report = grade(Path(__file__).resolve().parents[1] / "solutions", test_sets=("public", "hidden"))
+    assert report["total"] == report["max_total"]
+    assert len(seen) >= 13 and all(h and h.startswith(probes.NEUTRAL) for h in seen.values()), seen

@@ -100,7 +100,7 @@ def test_attack_scores_no_more_than_an_honest_wrong_answer(name, corpus):
             verdicts.setdefault(_test_name(t["id"]), set()).add(json.dumps([t["outcome"], t["message"]]))
     assert all(len(v) == 1 for v in verdicts.values()), f"{name}: hidden verdicts differ: {verdicts}"
     # an attack that tries to carry hidden inputs out names the text it writes: never in hidden feedback
-    if spec.get("leak") and not spec.get("sandboxed"):  # sandboxed: test_hidden_channels checks it in the sandboxes
+    if spec.get("leak"):
         hidden_text = json.dumps([t for t in report["tests"] if t["set"] != "public"]
                                  + [p.get("first_failure") for p in report["parts"]
                                     if (p.get("first_failure") or {}).get("set", "public") != "public"])

@@ -58,7 +58,7 @@ def test_public_writes(student):
     save("public_look_same_worker", student.call("probe.look"))  # the look finds what is there
 
 
-def diagnose(student):  # runs after the hidden tests, as a hidden failure's diagnosis
+def diagnose(student):  # runs before the hidden tests (in the public worker), as hidden failures' diagnosis
     save("diagnosis_where", student.call("probe.where"))
     save("diagnosis", student.call("probe.look"))
     return None
@@ -73,8 +73,8 @@ def test_hidden(student, case):
         save(case, student.call("probe.look"))
 '''
 
-# the first hidden worker looks (for the public worker's files), writes everywhere it can, dies;
-# the next one looks; then the failed hidden test's diagnosis looks, in a worker of its own
+# the diagnosis looks first (in the public worker, before any hidden test); the first hidden worker
+# looks (for the public worker's files), writes everywhere it can, dies; the next one looks
 HIDDEN = 'HIDDEN = {"test_hidden": ["look_first", "write_and_die", "look_after"]}\n'
 
 PROBE = '''
@@ -155,7 +155,7 @@ def look():
 '''
 
 
-WORKERS = ("public_where", "look_first_where", "look_after_where", "diagnosis_where")  # one per worker
+WORKERS = ("public_where", "look_first_where", "look_after_where")  # one per worker
 
 
 def _bubblewrap():
@@ -204,15 +204,15 @@ def forked(assignment) -> dict:
 
 def test_bubblewrap_workers_are_forked_from_a_server_inside_the_sandbox(forked):
     report, said = forked["report"], forked["said"]
-    assert report["timing"]["worker_starts"] == 4  # public, first hidden, its replacement, the diagnosis
+    assert report["timing"]["worker_starts"] == 3  # public (then the diagnoses), first hidden, its replacement
     for name in WORKERS:
         where = said[name]
         assert where["ppid"] == 1 and "zygote.main()" in where["init"], where  # the server is PID 1
         assert where["scratch"].startswith(SERVER_SCRATCH + "/") and where["cwd"] == where["scratch"], where
-    assert len({said[n]["scratch"] for n in WORKERS}) == 4  # a fresh scratch folder per worker
-    # one server for the public and hidden workers; the diagnosis after hidden tests gets a fresh one
-    assert len({said[n]["server"] for n in WORKERS[:3]}) == 1
-    assert said["diagnosis_where"]["server"] != said["public_where"]["server"]
+    assert len({said[n]["scratch"] for n in WORKERS}) == 3  # a fresh scratch folder per worker
+    # the diagnoses go on in the public worker, before any hidden test; one server for all of them
+    assert said["diagnosis_where"] == said["public_where"]
+    assert len({said[n]["server"] for n in WORKERS}) == 1
     assert forked["box"].mode_used() == "bubblewrap (workers forked from a fork server inside the sandbox)"
     # the judge never signals a forked worker by its number: that is a PID of the sandbox's namespace
     assert forked["killed"] == []
@@ -231,7 +231,7 @@ def test_nothing_a_worker_writes_reaches_the_next_one(forked):
     said, report = forked["said"], forked["report"]
     assert said["look_first"] == []  # the public worker's files are gone before a hidden worker starts
     assert said["look_after"] == []  # and the hidden worker's (it wrote, then exited) before its replacement
-    assert said["diagnosis"] == []  # nor to the failed hidden test's diagnosis, whose hint is shown
+    assert not any("hidden" in p for p in said["diagnosis"])  # the diagnosis, whose hint is shown, ran before
     outcomes = [(t["set"], t["outcome"]) for t in report["tests"]]
     assert outcomes == [("public", "passed"), ("hidden", "passed"), ("hidden", "failed"), ("hidden", "passed")]
 
@@ -241,7 +241,7 @@ def test_another_submission_gets_another_server(forked, assignment):
     public worker wrote its scratch, and whose server is gone with its sandbox)."""
     report, said = _grade(assignment, "second", _bubblewrap().with_uid(64091))
     assert said["look_first"] == [] and said["look_after"] == []
-    assert said["diagnosis"] == []
+    assert not any("hidden" in p for p in said["diagnosis"])
     first = {forked["said"][n]["scratch"] for n in WORKERS}
     assert not first & {said[n]["scratch"] for n in WORKERS}
     assert not {forked["said"][n]["server"] for n in WORKERS} & {said[n]["server"] for n in WORKERS}
@@ -267,8 +267,9 @@ def test_a_server_that_fails_its_self_check_falls_back_to_direct_workers(assignm
                                       "self-check: / is writable"), box.mode_used()
     for name in WORKERS:
         assert "zygote" not in said[name]["init"], said[name]  # bwrap's own init: a direct worker
-    assert said["look_first"] == [] and said["look_after"] == [] and said["diagnosis"] == []
-    assert report["timing"]["worker_starts"] == 4
+    assert said["look_first"] == [] and said["look_after"] == []
+    assert not any("hidden" in p for p in said["diagnosis"])  # the diagnosis ran before, in the public worker
+    assert report["timing"]["worker_starts"] == 3
 
 
 def test_the_wipe_empties_what_a_dead_worker_left_and_follows_no_link(tmp_path):

@@ -28,9 +28,9 @@ def cases(*public: Any, diagnosis: Callable[[Any], str | None] | None = None) ->
     """Mark a test `def test_x(student, case)` with its public cases.
 
     diagnosis(student) -> hint text: the hint of a HIDDEN failure of the test. The judge runs it
-    once per grade, after the tests, in a worker that has seen no hidden input, and it calls the
-    student only on the judge's own fixed probe inputs (runner.py), so the hint is the same for every
-    hidden case of the test, whichever way each one failed. Public failures keep their check's hint."""
+    once per grade, before the first hidden test, and it calls the student only on the judge's own
+    fixed probe inputs (runner.GradingPlugin.run_diagnoses), so the hint is the same for every hidden
+    case of the test, whichever way each one failed. Public failures keep their check's hint."""
     return getattr(pytest.mark, CASES_MARK)(*public, **({"diagnosis": diagnosis} if diagnosis else {}))
 
 

@@ -20,9 +20,13 @@ __all__ = ["AUTOGRADER_DIR", "ENGINE_DIR", "REPO_ROOT", "MAX_SOURCE_BYTES", "Eng
            "StudentProxy", "SubmissionCopy", "WorkerPool", "WorkerPrefix", "Zygote", "prepare_submission"]
 
 
-# (from, to) test sets between which a submission's fork server may go on forking its workers: the
-# later set's workers may learn what the earlier set's saw (processes.WorkerPool.discard)
-_SERVER_MAY_GO_ON = {("public", "hidden")}
+# The test sets run in this order: public tests, then the diagnoses of hidden failures (fixed probe
+# inputs, runner.GradingPlugin.run_diagnoses), then hidden tests. A later set may learn what an earlier
+# one saw, never the reverse: from public to diagnosis the worker goes on; the hidden tests get a new
+# one. (from, to) pairs where the worker itself, or only its fork server (processes.WorkerPool.discard),
+# may go on:
+_WORKER_MAY_GO_ON = {("public", "diagnosis")}
+_SERVER_MAY_GO_ON = {("public", "diagnosis"), ("public", "hidden"), ("diagnosis", "hidden")}
 
 
 class PartState:
@@ -76,7 +80,7 @@ class Engine:
         self.base_limits, self.overrides = limits, dict(overrides or {})
         modules = sorted(n.removesuffix(".py") for n in rubric.all_files())
         self.pool = WorkerPool(sub, modules, limits, prefix)
-        self.parts: dict[tuple[int, bool], PartState] = {}  # (part, diagnosis?) -> its losses
+        self.parts: dict[tuple[int, bool], PartState] = {}  # (part, diagnosis?) -> losses of its calls
         self.outputs: dict[str, _Output] = {}  # test id -> output of its calls
         self.worker_set: str | None = None  # the test set the current worker has served
 
@@ -103,23 +107,27 @@ class Engine:
         for f in needed:
             if f in self.sub.problems:
                 raise StudentError(self.sub.problems[f], kind="missing", target=target)
-        if self.worker_set not in (None, proxy.test_set):
+        step = (self.worker_set, proxy.test_set)
+        if self.worker_set not in (None, proxy.test_set) and step not in _WORKER_MAY_GO_ON:
             # A worker that saw hidden inputs never serves a public call (whose output is shown) nor a
-            # hidden failure's diagnosis, nor the other way round: no state passes between the sets,
-            # across parts too. The sandbox also clears what the old worker left in shared folders.
+            # diagnosis (whose hint is shown), nor the other way round: no state passes between the
+            # sets, across parts too. The sandbox also clears what the old worker left in shared folders.
             # A fork server inside the sandbox (bubblewrap) forks the next set's workers only where they
-            # may know what its earlier ones saw (hidden after public): a worker can leave counters in
-            # it (the next PID, its CPU time), so a diagnosis after hidden tests gets a fresh one.
-            self.pool.discard(spare=False, keep_server=(self.worker_set, proxy.test_set) in _SERVER_MAY_GO_ON)
+            # may know what its earlier ones saw: a worker can leave counters in it (the next PID, its
+            # CPU time).
+            self.pool.discard(spare=False, keep_server=step in _SERVER_MAY_GO_ON)
             sweep = getattr(self.pool.prefix, "sweep", None)
             if callable(sweep):
                 sweep()
         self.worker_set = proxy.test_set
-        # Hidden failures' diagnoses count their losses apart: how many hidden calls crashed must not
-        # change what the diagnosis can do (it would say "gave up" after a choice made on hidden inputs).
-        state = self.parts.setdefault((proxy.part, proxy.test_set == "diagnosis"), PartState())
-        if state.losses >= limits.max_losses:
-            raise StudentError(f"not run: the worker already timed out or crashed {state.losses} times in part "
+        # Diagnoses count their losses apart, so that they never cost a test a point, and may lose one
+        # call per part (a ladder stops at its first loss; a hanging submission then costs one time
+        # limit per part, not one per diagnosis); they give up where the part's tests have.
+        tests = self.parts.setdefault((proxy.part, False), PartState())
+        state = self.parts.setdefault((proxy.part, True), PartState()) if proxy.test_set == "diagnosis" else tests
+        if tests.losses >= limits.max_losses or (state is not tests and state.losses >= 1):
+            lost = tests.losses if tests.losses >= limits.max_losses else state.losses
+            raise StudentError(f"not run: the worker already timed out or crashed {lost} times in part "
                                f"{proxy.part}", kind="gave_up", target=target)
         sink = self.outputs.setdefault(proxy.test_id, _Output(limits.output_keep_bytes, limits.output_cap_bytes))
         sink.total = 0  # the cap applies per call; `data` keeps accumulating up to `keep`

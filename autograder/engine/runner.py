@@ -55,8 +55,9 @@ class GradingPlugin:
         self.results: dict[str, dict] = {}  # nodeid -> {"outcome", "exc"}
         self.errors: list[str] = []
         self.diagnoses: dict[str, Callable[[Any], Any] | None] = {}  # nodeid -> its @cases(diagnosis=...)
-        self.pending: dict[Any, tuple[Callable[[Any], Any], int]] = {}  # diagnoses that failed hidden tests need
-        self.hints: dict[Any, str | None] = {}  # diagnosis key -> the hint it gave (run_hidden_diagnoses)
+        self.pending: dict[Any, tuple[Callable[[Any], Any], int]] = {}  # diagnoses the hidden tests declare
+        self.hints: dict[Any, str | None] = {}  # diagnosis key -> the hint it gave (run_diagnoses)
+        self.diagnosed = False
 
     # -- configuration and collection ------------------------------------------------------
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -109,7 +110,9 @@ class GradingPlugin:
             info = {"nodeid": item.nodeid, "part": numbers[0], "set": self._test_set(item),
                     "function": getattr(item, "originalname", None) or item.name, "order": len(keep),
                     "checks": case_sets.what_it_checks(getattr(item, "function", None))}
-            self.diagnoses[item.nodeid] = case_sets.diagnosis_of(item)
+            fn = self.diagnoses[item.nodeid] = case_sets.diagnosis_of(item)
+            if fn is not None and info["set"] in self.redact_sets:
+                self.pending.setdefault(_diagnosis_key(fn), (fn, numbers[0]))
             item.stash[_INFO] = info
             keep.append(item)
         set_rank = {s: i for i, s in enumerate(TEST_SETS)}
@@ -142,6 +145,9 @@ class GradingPlugin:
     # -- outcomes ------------------------------------------------------------------------
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         info = item.stash.get(_INFO, None)
+        if info is not None and info["set"] in self.redact_sets and not self.diagnosed:
+            self.diagnosed = True
+            self.run_diagnoses()  # before the first hidden test: see run_diagnoses
         if self.fail_fast and info is not None and info["part"] in self.failed_parts:
             pytest.skip("not run: an earlier test of this part failed (fail-fast mode)")
 
@@ -161,22 +167,20 @@ class GradingPlugin:
                 else:
                     res["outcome"] = "error"
                 res["text"] = _short_text(report, exc)
-                info = self.by_id[item.nodeid]
-                self.failed_parts.add(info["part"])
-                fn = self.diagnoses.get(item.nodeid)
-                if fn is not None and info["set"] in self.redact_sets:
-                    self.pending.setdefault(_diagnosis_key(fn), (fn, info["part"]))
+                self.failed_parts.add(self.by_id[item.nodeid]["part"])
         return report
 
     # -- hidden failures' hints ----------------------------------------------------------
-    def run_hidden_diagnoses(self) -> None:
-        """Run each diagnosis that a failed hidden test needs, once, after all the tests (grade()).
+    def run_diagnoses(self) -> None:
+        """Run every diagnosis that the hidden tests declare, once each, BEFORE the first hidden test.
 
         A hidden verdict is one bit chosen by the submission (passed or not): its text is the test's
-        docstring and this hint. The hint comes from calls on the judge's own fixed probe inputs, in a
-        worker that has seen no hidden input (test set "diagnosis": Engine.request replaces the hidden
-        worker and clears what it left), so it is the same for every hidden case of a test and carries
-        nothing of the hidden inputs, however the submission chose to fail them."""
+        docstring and this hint. The hint comes from calls on the judge's own fixed probe inputs, made
+        before any hidden input exists in any worker (test set "diagnosis", which may go on in the
+        public worker; Engine.request replaces it before the hidden tests), so it cannot depend on the
+        hidden inputs through any state a worker leaves (files, IPC, counters such as the next PID),
+        and is the same for every hidden case of a test, however the submission fails them. It costs
+        the probes on every grade with hidden tests (about 0.5 s for the solutions), shown or not."""
         for key, (fn, part) in self.pending.items():
             proxy = StudentProxy(self.engine, part, f"diagnosis/{_diagnosis_name(fn)}", test_set="diagnosis")
             try:
@@ -233,7 +237,7 @@ HIDDEN_RESULT = "result: failed (hidden test: its inputs, its values and the way
 
 def hidden_verdict(checks: str, hint: str | None) -> dict:
     """All that a failed hidden test says: the test's docstring and its diagnosis's hint
-    (GradingPlugin.run_hidden_diagnoses), text the judge wrote that is the same however the
+    (GradingPlugin.run_diagnoses), text the judge wrote that is the same however the
     submission failed. Which check failed, an exception or a timeout, a wrong value or a wrong type
     would each be a choice of the submission, and so a channel for the hidden inputs it saw."""
     lines = [f"checked: {checks}", HIDDEN_RESULT] + ([f"hint: {hint}"] if hint else [])
@@ -514,7 +518,6 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                 _freeze_imports()
                 with _pytest_env(), paused_gc():
                     code = pytest.main(args, plugins=[plugin])
-                    plugin.run_hidden_diagnoses()
                 gc.collect()
                 if code not in (0, 1, 5):  # 5: nothing collected (reported per part)
                     errors.append(f"pytest stopped with exit code {int(code)}")

@@ -669,7 +669,7 @@ def diagnose_combine_from_finding(finding: "pb.Finding") -> str | None:
 
 # ---------------------------------------------------------------------------------------------------
 # Hidden failures' hints: @cases(..., diagnosis=...) of the tests. runner.py runs each once per grade,
-# after the tests, in a worker that has seen no hidden input; they call the student only on the
+# before the first hidden test (in the public worker); they call the student only on the
 # ladders' fixed probe inputs, and the recognisers look only at those probes' outputs.
 
 

@@ -108,7 +108,7 @@ def _hidden(student: Any) -> bool:
 
 def in_hidden_test(student: Any) -> bool:
     """Inside a hidden test the checks need no probes: its verdict is uniform and shows the hint of its
-    diagnosis, which runs the ladders later in a worker that saw no hidden input (runner.py)."""
+    diagnosis, which runs the ladders before the first hidden test (runner.GradingPlugin.run_diagnoses)."""
     return getattr(student, "test_set", None) == "hidden"
 
 
@@ -439,8 +439,7 @@ def decode_ladder(student) -> Finding:
     def one(r: Rung):
         s = r.spec
         q, k, v = _tensors((2,), [(s.get("nq", 1), 8), (s["nk"], 8), (s["nk"], 8)], 8, torch.float64, 10.0)
-        out = student.scenario("part6.decode", q=q, k=k, v=v, num_splits=s["splits"], scale=s.get("scale"))
-        o, lse = _pair(out["result"])
+        o, lse = _pair(student.call("flash_decoding.flash_decode", q, k, v, s["splits"], s.get("scale")))
         return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), (q, k, v)
     return _climb(student, DECODE_RUNGS, one)
 
