@@ -180,7 +180,7 @@ class GradingPlugin:
         public worker; Engine.request replaces it before the hidden tests), so it cannot depend on the
         hidden inputs through any state a worker leaves (files, IPC, counters such as the next PID),
         and is the same for every hidden case of a test, however the submission fails them. It costs
-        the probes on every grade with hidden tests (about 0.5 s for the solutions), shown or not."""
+        the probes' calls on every grade with hidden tests, shown or not."""
         for key, (fn, part) in self.pending.items():
             proxy = StudentProxy(self.engine, part, f"diagnosis/{_diagnosis_name(fn)}", test_set="diagnosis")
             try:
