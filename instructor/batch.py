@@ -33,16 +33,16 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from autograder.engine import sanitize
 from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (tests, tools)
 
 from . import intake
 from .grading import (DEFAULT_GRADER, UID_BASE, Graded, Options, environment, failed, grade_one,  # noqa: F401
-                      resolve, sandbox_info, sweep, write_outputs)
+                      resolve, run_engine, sandbox_info, sweep, write_outputs)
 from .sandbox import SandboxError, require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,9 @@ class Task:
 
 def _judge_main(conn, slot: int, options: Options) -> None:
     """A judge process: receives Tasks, grades each with grade_one (intake, engine, view) and sends
-    the result back on its pipe: the result never passes through a file that a worker could write."""
+    the result back on its pipe: the result never passes through a file that a worker could write.
+    Before the Tasks it may get ("calibrate", parts): grade the reference on those parts and send
+    back its longest call per target, then ("limits", call_timeouts) for every later Task."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills us
@@ -75,6 +77,15 @@ def _judge_main(conn, slot: int, options: Options) -> None:
             return
         if task is None:
             return
+        if type(task) is tuple and task[0] == "limits":
+            options.limits = {**(options.limits or {}), "call_timeouts": task[1]}
+            continue
+        if type(task) is tuple and task[0] == "calibrate":
+            try:
+                conn.send(("ok", reference_call_times(replace(options, parts=task[1]), slot, grade)))
+            except BaseException as e:  # noqa: BLE001 -- no scaling then (the batch decides)
+                conn.send(("error", sanitize.line(f"{type(e).__name__}: {e}", 300)))
+            continue
         t0 = time.perf_counter()
         try:
             graded = grade_one(Path(task.entry), Path(task.work), options, name=task.name, slot=slot, env=env,
@@ -191,7 +202,8 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     out.mkdir(parents=True, exist_ok=True)
     if options.sandbox is not None and options.sandbox.kind == "uid":
         os.chmod(out, out.stat().st_mode & 0o770)  # the results: closed to the sandbox's uids
-    if entries and options.scale_timeouts and options.grader == DEFAULT_GRADER:
+    calibrate = bool(entries) and options.scale_timeouts and options.grader == DEFAULT_GRADER
+    if calibrate and (inline or jobs == 1):
         info["call_time_limits"] = scaled_call_timeouts(options)
     env = environment()
     work = Path(tempfile.mkdtemp(prefix="autograde-"))  # intake copies: never in the instructor's tree
@@ -208,7 +220,8 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
                                     traceback.format_exc(), env, time.perf_counter() - t0)
                 results[e.name] = _finish(out, e, graded)
         else:
-            _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env)
+            _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env,
+                       info if calibrate and jobs > 1 else None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _write_summary(out, entries, results, time.perf_counter() - t_start, jobs, shard, info, env, options)
@@ -241,33 +254,90 @@ def choose_sandbox(options: Options, mode: str, allow_weak: bool) -> dict:
     return sandbox_info(options)
 
 
-def scaled_call_timeouts(options: Options, factor: float = TIMEOUT_FACTOR, floor: float = TIMEOUT_FLOOR_S) -> dict:
-    """Grade the reference (solutions/) once, in the batch's sandbox, and limit every call target to
-    max(floor, factor x the reference's longest call to it) seconds (capped by the configured limit
-    in the engine): a hanging submission then costs seconds per call, not the 20 s default. Sets
-    options.limits["call_timeouts"]; returns what the summary records."""
-    from autograder.engine.processes import record_call_times
+def reference_call_times(options: Options, slot: int = 0, grade: Callable | None = None) -> dict[str, float]:
+    """Grade the reference (solutions/) on options' parts and test sets, in options' sandbox as judge
+    `slot`'s uid: {call target: its longest call in seconds}. Raises when grading fails."""
+    report = run_engine(ROOT / "solutions", options, slot, grade)
+    longest = report.get("timing", {}).get("longest_call_s")
+    if not isinstance(longest, dict):
+        raise RuntimeError("the grader's report gives no call times")
+    return {str(t): float(v) for t, v in longest.items()}
 
-    grade = resolve(options.grader)
-    prefix = options.sandbox.with_uid(UID_BASE) if options.sandbox else None
-    extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
-    t0 = time.perf_counter()
-    try:
-        with record_call_times() as times:
-            grade(str(ROOT / "solutions"), parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,
-                  limits=options.limits or None, **extra)
-    except Exception as e:  # noqa: BLE001 -- no scaling then: the configured limits hold
-        return {"scaled": False, "reason": sanitize.line(f"grading the reference failed: {type(e).__name__}: {e}", 300)}
-    finally:
-        sweep(prefix)
-    limits = {t: round(max(floor, factor * s), 2) for t, s in sorted(times.items())}
+
+def call_time_limits(longest: dict[str, float], options: Options, t0: float, factor: float = TIMEOUT_FACTOR,
+                     floor: float = TIMEOUT_FLOOR_S) -> dict:
+    """Limit every call target to max(floor, factor x the reference's longest call to it) seconds
+    (capped by the configured limit in the engine): a hanging submission then costs seconds per call,
+    not the 20 s default. Sets options.limits["call_timeouts"]; returns what the summary records."""
+    limits = {t: round(max(floor, factor * s), 2) for t, s in sorted(longest.items())}
     options.limits = {**(options.limits or {}), "call_timeouts": limits}
     return {"scaled": True, "factor": factor, "floor_s": floor, "targets": len(limits),
-            "at_floor": sum(v == floor for v in limits.values()), "calibration_s": round(time.perf_counter() - t0, 2)}
+            "at_floor": sum(v == floor for v in limits.values()), "calibration_s": round(time.perf_counter() - t0, 2),
+            "limits_s": limits}
+
+
+def _not_scaled(e: BaseException | str) -> dict:
+    why = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+    return {"scaled": False, "reason": sanitize.line(f"grading the reference failed: {why}", 300)}
+
+
+def scaled_call_timeouts(options: Options) -> dict:
+    """Measure the reference's call times in this process (one part after the other) and scale the
+    limits from them (call_time_limits). A batch with several judges measures in the judges instead,
+    each on some of the parts (_calibrate_in_judges)."""
+    t0 = time.perf_counter()
+    try:
+        longest = reference_call_times(options)
+    except Exception as e:  # noqa: BLE001 -- no scaling then: the configured limits hold
+        return _not_scaled(e)
+    return call_time_limits(longest, options, t0)
+
+
+def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: float) -> dict:
+    """scaled_call_timeouts, with the parts shared out among the judges (the costliest first, each to
+    the judge with the least so far), so that calibrating takes the slowest share, not the sum. Every
+    judge then gets the limits."""
+    from autograder.engine.rubric import load_rubric
+
+    t0 = time.perf_counter()
+    rubric = load_rubric()
+    numbers = options.parts or rubric.numbers
+    shares: list[list[int]] = [[] for _ in judges]
+    load = [0.0] * len(judges)
+    for n in sorted(numbers, key=lambda n: -rubric.part(n).cost):
+        i = load.index(min(load))
+        shares[i].append(n)
+        load[i] += rubric.part(n).cost
+    asked = [(j, share) for j, share in zip(judges, shares) if share]
+    for j, share in asked:
+        j.conn.send(("calibrate", sorted(share)))
+    longest: dict[str, float] = {}
+    failure = None
+    for j, _ in asked:
+        try:
+            reply = j.conn.recv() if j.conn.poll(timeout_s) else ("error", "it took too long")
+        except (EOFError, OSError):
+            reply = ("error", "its judge process died")
+        if reply[0] != "ok":
+            failure = failure or reply[1]
+            continue
+        for t, v in reply[1].items():
+            longest[t] = max(longest.get(t, 0.0), v)
+    if failure is not None:
+        return _not_scaled(failure)
+    info = call_time_limits(longest, options, t0)
+    for j in judges:
+        try:
+            j.conn.send(("limits", options.limits["call_timeouts"]))
+        except OSError:  # a dead judge: _grade_all replaces it (with options, which hold the limits)
+            pass
+    return info
 
 
 def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: Options, timeout_s: float,
-               progress: bool, results: dict, env: dict) -> None:
+               progress: bool, results: dict, env: dict, calibrate_into: dict | None = None) -> None:
+    """Grade `entries` in `jobs` judges. calibrate_into: first scale the call time limits in the
+    judges (_calibrate_in_judges) and record how into this dict (the summary's info)."""
     if not entries:
         return
     ctx = mp.get_context("spawn")  # a clean interpreter per judge; never fork a process with threads
@@ -277,6 +347,12 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
     bar = _Progress(len(entries), progress)
     try:
         judges = [Judge(ctx, slot, options) for slot in range(min(jobs, len(entries)))]
+        if calibrate_into is not None:
+            calibrate_into["call_time_limits"] = _calibrate_in_judges(judges, options, timeout_s)
+            for i, j in enumerate(judges):  # one that died calibrating grades nothing: a fresh one does
+                if not j.proc.is_alive():
+                    j.kill()
+                    judges[i] = Judge(ctx, j.slot, options)
         idle = list(judges)
         busy: list[Judge] = []
         while queue or busy:

@@ -286,3 +286,56 @@ def test_the_cli_refuses_bad_arguments(tmp_path):
     assert r.returncode != 0 and "is not a folder" in r.stderr
     r = run(str(tmp_path), "--out", str(tmp_path / "o"), "--shard", "4/3")
     assert r.returncode != 0 and "1 <= i <= n" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# call time limits, calibrated in the judges
+
+
+class _FakeJudge:
+    """A judge's pipe end: answers ("calibrate", parts) with one call time per part."""
+
+    def __init__(self, slot: int, fail: bool = False) -> None:
+        self.slot, self.fail, self.sent, self._reply = slot, fail, [], None
+        self.conn = self
+
+    def send(self, msg) -> None:
+        self.sent.append(msg)
+        if msg[0] == "calibrate":
+            self._reply = ("error", "boom") if self.fail else ("ok", {f"part{n}.fn": 0.01 * n for n in msg[1]})
+
+    def poll(self, timeout=None) -> bool:
+        return self._reply is not None
+
+    def recv(self):
+        reply, self._reply = self._reply, None
+        return reply
+
+
+def test_calibration_shares_the_parts_out_among_the_judges_and_sends_every_judge_the_limits():
+    from autograder.engine.rubric import load_rubric
+    from instructor.batch import TIMEOUT_FACTOR, TIMEOUT_FLOOR_S, _calibrate_in_judges
+
+    judges = [_FakeJudge(0), _FakeJudge(1)]
+    options = Options()
+    info = _calibrate_in_judges(judges, options, timeout_s=5)
+    shares = [j.sent[0][1] for j in judges]
+    numbers = load_rubric().numbers
+    assert sorted(shares[0] + shares[1]) == sorted(numbers) and all(shares), shares  # each part once, both busy
+    cost = {n: load_rubric().part(n).cost for n in numbers}
+    loads = [sum(cost[n] for n in s) for s in shares]
+    assert max(loads) - min(loads) <= max(cost.values())  # balanced by the rubric's costs
+    want = {f"part{n}.fn": round(max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * 0.01 * n), 2) for n in numbers}
+    assert info["scaled"] is True and info["limits_s"] == want
+    assert options.limits["call_timeouts"] == want  # replacement judges are started with these options
+    assert all(j.sent[-1] == ("limits", want) for j in judges)
+
+
+def test_calibration_that_fails_in_one_judge_scales_nothing():
+    from instructor.batch import _calibrate_in_judges
+
+    judges = [_FakeJudge(0), _FakeJudge(1, fail=True)]
+    options = Options()
+    info = _calibrate_in_judges(judges, options, timeout_s=5)
+    assert info["scaled"] is False and "boom" in info["reason"]
+    assert "call_timeouts" not in options.limits and all(m[0] == "calibrate" for j in judges for m in j.sent)

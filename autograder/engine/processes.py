@@ -41,24 +41,6 @@ _BOOTSTRAP = (
 
 
 
-# Per-target seconds of the calls made in this process, while record_call_times() is active: the
-# batch grades the reference once this way and scales every call's time limit from it.
-_CALL_TIMES: dict[str, float] | None = None
-
-
-class record_call_times:
-    """`with record_call_times() as times:` -> {target: longest call in seconds} of the calls made inside."""
-
-    def __enter__(self) -> dict[str, float]:
-        global _CALL_TIMES
-        self._saved, _CALL_TIMES = _CALL_TIMES, {}
-        return _CALL_TIMES
-
-    def __exit__(self, *exc) -> None:
-        global _CALL_TIMES
-        _CALL_TIMES = self._saved
-
-
 class Lost(Exception):
     """The worker can no longer be used (timeout, death, output flood, garbage on the wire)."""
 
@@ -676,6 +658,9 @@ class CallStats:
     worker_starts: int = 0
     startup_s: list[float] = field(default_factory=list)
     call_s: float = 0.0
+    # target -> its longest successful call in seconds: the batch grades the reference once and
+    # scales every call's time limit from these (instructor/batch.py call_time_limits)
+    longest_s: dict[str, float] = field(default_factory=dict)
 
 
 class WorkerPool:
@@ -752,8 +737,8 @@ class WorkerPool:
                 self.stats.startup_s.append(worker.startup_s)
             t1 = time.perf_counter()
             out = worker.request(op, target, args, kwargs, timeout, sink, allowed)
-            if _CALL_TIMES is not None:
-                _CALL_TIMES[target] = max(_CALL_TIMES.get(target, 0.0), time.perf_counter() - t1)
+            longest = self.stats.longest_s
+            longest[target] = max(longest.get(target, 0.0), time.perf_counter() - t1)
             return out
         except Lost:
             self.discard(spare)

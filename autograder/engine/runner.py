@@ -436,7 +436,8 @@ def _grade_in_processes(impl_dir: Any, numbers: list[int], jobs: int, kwargs: di
         reports = dict(zip(order, pool.map(_grade_one, [(str(impl_dir), n, kwargs) for n in order])))
     merged = reports[numbers[0]]
     merged = {**merged, "parts": [], "tests": [], "errors": []}
-    timing = {"wall_s": 0.0, "calls": 0, "worker_starts": 0, "worker_startup_s": [], "in_calls_s": 0.0}
+    timing = {"wall_s": 0.0, "calls": 0, "worker_starts": 0, "worker_startup_s": [], "in_calls_s": 0.0,
+              "longest_call_s": {}}
     for n in numbers:
         r = reports[n]
         merged["parts"] += r["parts"]
@@ -445,6 +446,8 @@ def _grade_in_processes(impl_dir: Any, numbers: list[int], jobs: int, kwargs: di
         for k in ("calls", "worker_starts", "in_calls_s"):
             timing[k] += r["timing"][k]
         timing["worker_startup_s"] += r["timing"]["worker_startup_s"]
+        for t, v in r["timing"]["longest_call_s"].items():
+            timing["longest_call_s"][t] = max(timing["longest_call_s"].get(t, 0.0), v)
     merged["total"] = round(sum(p["points"] for p in merged["parts"]), 4)
     merged["max_total"] = float(sum(p["max_points"] for p in merged["parts"]))
     timing["wall_s"] = round(time.perf_counter() - started, 3)
@@ -528,7 +531,8 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
     report["timing"] = {"wall_s": round(time.perf_counter() - started, 3), "calls": stats.calls,
                         "worker_starts": stats.worker_starts,
                         "worker_startup_s": [round(s, 3) for s in stats.startup_s],
-                        "in_calls_s": round(stats.call_s, 3)}
+                        "in_calls_s": round(stats.call_s, 3),
+                        "longest_call_s": {t: round(v, 4) for t, v in sorted(stats.longest_s.items())}}
     return report
 
 
