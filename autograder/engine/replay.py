@@ -284,6 +284,7 @@ def _claims(out: Any) -> list[tuple[list[int], list[int], str] | None]:
 
 
 _DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
+_DTYPE_NAME = {getattr(torch, n): n for n in _DTYPES}  # the names the record claims dtypes by
 
 
 def _dec(x: Any, env: dict[int, Any]) -> Any:
@@ -829,8 +830,8 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                 tensors = [t for t in got if isinstance(t, Tensor)]
                 claims = _claims(op.out)
                 if len(claims) != len(tensors) or any(
-                        c is None or list(t.shape) != c[0] or list(t.stride()) != c[1]
-                        or str(t.dtype).removeprefix("torch.") != c[2] for t, c in zip(tensors, claims)):
+                        c is None or t.shape != tuple(c[0]) or t.stride() != tuple(c[1])
+                        or _DTYPE_NAME.get(t.dtype) != c[2] for t, c in zip(tensors, claims)):
                     raise ReplayRefused(f"the record's {name} does not match its replay", "malformed")
             leaves = op.leaves
             if len(leaves) == 1 and len(got) == 1 and type(leaves[0]) is int and type(result) is Tensor:
@@ -866,9 +867,16 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                 upcasts += 1
             if info.outer and got and isinstance(got[0], Tensor) and got[0].is_floating_point():
                 n_out = got[0].numel()
-                # the operands that carry data (a one-element tensor is a number)
-                operands = [x for x in a if isinstance(x, Tensor) and _effective_numel(x) > 1]
-                if len(operands) >= 2 and all(_effective_numel(x) < n_out for x in operands):
+                # the operands that carry data (a one-element tensor is a number), each with how many
+                # distinct elements it holds
+                operands, held = [], []
+                for x in a:
+                    if isinstance(x, Tensor):
+                        e = _effective_numel(x)
+                        if e > 1:
+                            operands.append(x)
+                            held.append(e)
+                if len(operands) >= 2 and max(held) < n_out:
                     shape = list(got[0].shape)
                     aligned = [[1] * (len(shape) - x.dim()) + list(x.shape) for x in operands]
                     if info.short in ("mul", "mul_") and len(operands) == 2 and \

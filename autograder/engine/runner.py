@@ -517,6 +517,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                 args = [*files, "-c", str(ENGINE_DIR / "judge.ini"), "--rootdir", str(tests_path),
                         "--confcutdir", str(tests_path), "-p", "no:cacheprovider", "-p", "no:stepwise",
                         "-p", "no:unraisableexception", "-p", "no:threadexception", "-p", "no:faulthandler",
+                        "-p", "no:logging",  # log capture is set up for every test phase; no grading test logs
                         "--import-mode=importlib", "-m", markers, "-p", "no:terminal"]
                 _freeze_imports()
                 with _pytest_env(), paused_gc():

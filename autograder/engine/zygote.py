@@ -99,6 +99,10 @@ def _warm_up() -> None:
 
         x = torch.ones(2, 2)
         record_call(lambda t: (t @ t).exp().sum(-1), [x], x)
+        # autograd with an explicit gradient (part 4's scenarios): its first use imports
+        # torch.fx.experimental.symbolic_shapes and sympy, ~0.2 s of CPU in every forked worker
+        y = (x.clone().requires_grad_() * 2).sum(-1)
+        y.backward(torch.ones_like(y))
     except Exception:  # noqa: BLE001
         pass
 
