@@ -89,24 +89,40 @@ def worker_start_overhead(box: Sandbox, reps: int = 20) -> dict:
             "overhead_median_s": statistics.median(b - a for a, b in zip(bare, boxed))}
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine since boot, from /proc/stat (Linux)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz  # idle and iowait are not busy
+
+
 def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: bool) -> dict:
     load0 = os.getloadavg()
+    busy0 = machine_cpu_s()
     ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     summary = run_batch(subs, out, jobs=a.jobs, progress=sys.stderr.isatty(), sandbox=a.sandbox,
                         options=Options(parts=parts, test_sets=tuple(a.sets.split(",")), limits=limits,
                                         scale_timeouts=scale))
     ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1))
+    busy1 = machine_cpu_s()
+    rusage_cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1))
+    # CPU seconds of the batch: the machine's busy time over the run. getrusage(RUSAGE_CHILDREN) is
+    # not enough: it counts only descendants that were waited for, and a sandbox's processes that
+    # are killed at the end are not (it gave 95 CPU-s where /proc/stat counted 140 on one run).
+    cpu = busy1[0] - busy0[0]
     starts = [t.get("worker_starts", 0) for t in summary["engine_timing"].values()]
     startup = [s for t in summary["engine_timing"].values() for s in t.get("worker_startup_s", [])]
     return {
         "submissions": summary["submissions"], "graded": summary["graded"],
         "failed_to_grade": summary["failed_to_grade"], "jobs": summary["jobs"], "wall_s": summary["wall_s"],
         "submissions_per_minute": summary["submissions_per_minute"],
-        # CPU seconds of the batch (judges, fork servers, workers; the bench process's own share of the
-        # calibration): on a shared machine the rate that `cores` idle cores would allow is
-        # submissions * 60 * cores / cpu_s, an upper bound that the load does not blur
+        # CPU seconds of the batch (the machine's busy time: judges, fork servers, workers, and whatever
+        # else ran, so on a quiet machine only): the rate that `cores` idle cores would allow is
+        # submissions * 60 * cores / cpu_s; busy_fraction near 1 means the cores were kept busy
         "cpu_s": round(cpu, 1), "cpu_s_per_submission": round(cpu / max(summary["submissions"], 1), 2),
+        "busy_fraction": round(cpu / max(busy1[1] - busy0[1], 1e-9), 3),
+        "rusage_cpu_s": round(rusage_cpu, 1),
         "cpu_bound_submissions_per_minute": round(summary["submissions"] * 60 * (os.cpu_count() or 1) / cpu, 1)
         if cpu > 0 else None,
         "mix": {k: sum(v.startswith(k) for v in kinds.values()) for k in ("correct", "buggy", "hostile")},
