@@ -109,7 +109,7 @@ def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: 
     rusage_cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1))
     # CPU seconds of the batch: the machine's busy time over the run. getrusage(RUSAGE_CHILDREN) is
     # not enough: it counts only descendants that were waited for, and a sandbox's processes that
-    # are killed at the end are not (it gave 95 CPU-s where /proc/stat counted 140 on one run).
+    # are killed at the end are not (one run: 217 CPU-s by getrusage, 368 by /proc/stat).
     cpu = busy1[0] - busy0[0]
     starts = [t.get("worker_starts", 0) for t in summary["engine_timing"].values()]
     startup = [s for t in summary["engine_timing"].values() for s in t.get("worker_startup_s", [])]
