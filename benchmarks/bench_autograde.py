@@ -108,8 +108,9 @@ def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: 
     busy1 = machine_cpu_s()
     rusage_cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1))
     # CPU seconds of the batch: the machine's busy time over the run. getrusage(RUSAGE_CHILDREN) is
-    # not enough: it counts only descendants that were waited for, and a sandbox's processes that
-    # are killed at the end are not (one run: 217 CPU-s by getrusage, 368 by /proc/stat).
+    # not enough: it counts only descendants waited for all the way up, and it misses most of the
+    # processes inside the bubblewrap sandboxes (one run: 217 CPU-s by getrusage, 368 by /proc/stat;
+    # in the uid mode the two agree).
     cpu = busy1[0] - busy0[0]
     starts = [t.get("worker_starts", 0) for t in summary["engine_timing"].values()]
     startup = [s for t in summary["engine_timing"].values() for s in t.get("worker_startup_s", [])]
