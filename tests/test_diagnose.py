@@ -31,13 +31,7 @@ MUTATIONS = ROOT / "instructor" / "mutations"
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one torch thread is faster on a shared 2-core machine (and deterministic)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 def qkv(lead, nq, nk, d=16, seed=0, mult=1.0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)

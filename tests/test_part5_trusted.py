@@ -22,18 +22,13 @@ import torch.nn.functional as F
 from autograder.engine import replay as R
 from autograder.engine.checks import CheckFailure
 from autograder.scenarios import part5 as S
-from autograder.scenarios.tracing import Recorder, record_call
+from autograder.scenarios.tracing import Recorder
 from autograder.tests import cases_part5 as C
 from course import tiny_transformer as tt
 from solutions import kv_cache as kv
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 class StandIn:

@@ -18,12 +18,7 @@ from course.reference import (
 SHAPES = [(1, 1), (1, 7), (7, 1), (16, 16), (13, 29), (29, 13)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: avoid OpenMP waits on a shared 2-core machine
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _qkv(nq, nk, d=8, dv=5, lead=(2, 3), seed=0, dtype=torch.float64, scale_q=1.0):

@@ -11,12 +11,7 @@ from solutions.flash_decoding import attention_partial, combine_partials, flash_
 TIGHT = 1e-12  # float64; observed ~1e-14 on x40 scores (lse values ~100)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _qkv(nk, nq=1, d=16, dv=8, lead=(2, 4), q_scale=40.0, seed=0, dtype=torch.float64):

@@ -20,12 +20,7 @@ from solutions.flash_forward import flash_forward
 TIGHT = 1e-12  # float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # small tiles: avoid OpenMP waits on a shared 2-core machine
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _qkv(nq, nk, d=16, dv=None, lead=(2, 3), seed=0, dtype=torch.float64, q_scale=1.0):

@@ -27,12 +27,7 @@ NEG_INF = float("-inf")
 PROPERTY = settings(max_examples=60, deadline=None, derandomize=True)  # derandomize: same examples every run
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _x(*shape, scale=1.0, seed=0, dtype=torch.float64):

@@ -26,13 +26,7 @@ def trace_call(fn, *args, **kwargs):
     return rp.result, rp.as_trace()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one torch thread is faster on a shared 2-core machine (and deterministic)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 def naive(q, k, v, causal=False):
     s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
