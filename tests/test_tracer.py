@@ -415,3 +415,100 @@ def test_the_tightest_legal_causal_skipping_meets_part4s_flop_rule(nq, nk, bq, b
     expected = reference_grads(q, k, v, do, case)[0]
     for got, want in zip(rp.result, expected):
         assert torch.allclose(got.double(), want, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the judge accepts only what a recording can contain, and bounds the work of its own replay
+
+
+def _rewrite(record, fn):
+    """The record with each op entry passed through fn (the attacks of a submission that edits its recorder)."""
+    import json
+    ops = json.loads(bytes(record["ops"].numpy()).decode()) if isinstance(record["ops"], torch.Tensor) else record["ops"]
+    return {**record, "ops": [fn(op) for op in ops]}
+
+
+def test_an_op_torch_decomposes_before_dispatch_is_refused_in_a_record():
+    # einsum, item, reshape... never reach a TorchDispatchMode (it sees bmm, _local_scalar_dense, view):
+    # named in a record, einsum would count no FLOPs and escape the per-tile key rule
+    q, k = torch.randn(8, 4), torch.randn(8, 4)
+    rec = record_call(lambda q, k: q @ k.t(), [q, k], q, k)
+    forged = _rewrite(rec, lambda op: ["aten::einsum.default", ["nd,md->nm", op[1]], {}, op[3]]
+                      if op[0] == "aten::mm.default" else op)
+    with pytest.raises(R.ReplayRefused, match="decomposes") as err:
+        R.replay(forged, [q, k])
+    assert err.value.kind == "malformed"
+    for name in ("aten::reshape.default", "aten::item.default", "aten::flatten.using_ints"):
+        with pytest.raises(R.ReplayRefused, match="decomposes"):
+            R.check_record({**rec, "ops": [[name, [["$t", 0]], {}, ["$t", 9]]]}, 2, None, R.DEFAULT_BUDGET)
+
+
+def test_an_operand_moved_into_kwargs_is_refused():
+    # the dispatcher passes positional arguments positionally: a broadcast product whose second factor
+    # sits in kwargs was edited, and would hide from every rule that reads operands
+    q, k = torch.randn(8, 4), torch.randn(8, 4)
+    rec = record_call(lambda q, k: (q[:, None, :] * k[None, :, :]).sum(-1), [q, k], q, k)
+    assert R.replay(rec, [q, k]).broadcast_product_elems == 8 * 8 * 4
+    forged = _rewrite(rec, lambda op: [op[0], op[1][:1], {"other": op[1][1]}, op[3]]
+                      if op[0] == "aten::mul.Tensor" else op)
+    with pytest.raises(R.ReplayRefused, match="no recording does"):
+        R.replay(forged, [q, k])
+
+
+def test_complex_tensors_are_refused():
+    # a complex product is no floating-point product: it would pass the broadcast-product rule
+    x = torch.randn(4, 3)
+    rec = record_call(lambda x: (x * torch.tensor(1 + 0j)).to(torch.float32), [x], x)
+    with pytest.raises(R.ReplayRefused, match="complex") as err:
+        R.replay(rec, [x])
+    assert err.value.kind == "dtype"
+
+
+def test_an_integer_product_of_data_is_a_broadcast_product_and_index_arithmetic_is_not():
+    q, k = torch.randn(8, 4), torch.randn(8, 4)
+
+    def fixed_point(q, k):  # Q·Kᵀ in int64 fixed point, cast back: a matmul in disguise
+        qi, ki = (q * 1024).to(torch.int64), (k * 1024).to(torch.int64)
+        return (qi[:, None, :] * ki[None, :, :]).sum(-1).to(torch.float32) / 1024 ** 2
+
+    _, tr = trace_call(fixed_point, q, k)
+    assert tr["broadcast_product_elems"] == 8 * 8 * 4
+    assert tr["matmul_flops"] == 2 * 8 * 8 * 4
+
+    def causal_offsets(q, k):  # a mask from aranges: shapes, not data
+        rel = torch.arange(q.shape[0])[:, None] - torch.arange(k.shape[0])[None, :]
+        return (q @ k.t()).masked_fill(rel < 0, 0.0)
+
+    _, tr = trace_call(causal_offsets, q, k)
+    assert tr["broadcast_product_elems"] == 0 and tr["matmul_flops"] == 2 * 8 * 8 * 4
+
+
+def test_the_judges_work_is_bounded_where_no_output_shows_it():
+    # a one-number op over a large expanded view allocates nothing and reads everything: the elements
+    # all ops read and write are bounded, and a wall-clock bound backs it for every pass
+    x = torch.randn(1, 1)
+
+    def many_equals(x):
+        big = x.expand(1000, 1000)
+        return [torch.equal(big, big) for _ in range(3)]
+
+    rec = record_call(many_equals, [x], x)
+    assert R.replay(rec, [x]).elements_touched >= 3 * 2 * 10 ** 6
+    with pytest.raises(R.ReplayRefused, match="elements") as err:
+        R.replay(rec, [x], budget=R.Budget(max_elements_touched=4 * 10 ** 6))
+    assert err.value.kind == "budget"
+    with pytest.raises(R.ReplayRefused, match="longer than its bound"):
+        R.replay(rec, [x], budget=R.Budget(max_replay_s=0.0))
+
+
+def test_a_row_of_scores_by_mv_spans_all_keys():
+    # S = Q·Kᵀ one query row at a time with mv is no tile: the per-tile key rule reads vector factors
+    from autograder.tests.cases_part2 import key_extents
+
+    q, k, v = qkv(16, 8)
+
+    def row_at_a_time(q, k, v):
+        return torch.stack([v.t() @ torch.softmax(k @ q[i], -1) for i in range(q.shape[0])])
+
+    extents = key_extents(R.record_and_replay(row_at_a_time, q, k, v))
+    assert {e.what for e in extents if e.n == 16} == {"Sᵀ = K·Qᵀ", "Vᵀ·P̃ᵀ"}

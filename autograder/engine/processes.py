@@ -343,20 +343,29 @@ class Zygote:
             if self.sandboxed:
                 raise self._fail("the fork server died")
             raise OSError("the fork server is gone")
-        return self._json.loads(reply)
+        try:
+            answer = self._json.loads(reply)
+        except (ValueError, RecursionError):
+            answer = None
+        if type(answer) is not dict:
+            if self.sandboxed:
+                raise self._fail("the fork server answered with something that is not a reply")
+            raise OSError("the fork server answered with something that is not a reply")
+        return answer
 
     def spawn(self, fds: list[int], req: dict) -> int:
         self._await_ready()
         reply = self._ask({"op": "spawn", **req}, fds)
-        if "pid" not in reply:  # the server refused (inside a sandbox: its scratch is not clean)
-            raise self._fail(str(reply.get("error", "the fork server refused to fork")))
-        return int(reply["pid"])
+        if type(reply.get("pid")) is not int:  # the server refused (inside a sandbox: its scratch is not clean)
+            raise self._fail(str(reply.get("error", "the fork server refused to fork"))[:300])
+        return reply["pid"]
 
     def status(self, pid: int, wait: float) -> int | None:
         try:
-            return self._ask({"op": "status", "pid": pid, "wait": wait})["status"]
+            status = self._ask({"op": "status", "pid": pid, "wait": wait}).get("status")
         except OSError:
             return -9  # the zygote died (inside a sandbox: it was closed, with the worker); treat its child as killed
+        return status if status is None or type(status) is int else -9
 
     def kill_worker(self, pid: int) -> None:
         """SIGKILL one forked worker's process group. Inside a sandbox the server does it: `pid` is a

@@ -236,6 +236,8 @@ def parse_body(body: bytes, payload: bytes) -> tuple[dict, list[bytes]]:
         header = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError) as e:
         raise ProtocolError(f"bad frame header: {e}") from None
+    except RecursionError:  # a header nested deeper than the decoder's stack: no honest worker sends one
+        raise ProtocolError("bad frame header: nested too deeply") from None
     if type(header) is not dict:
         raise ProtocolError("frame header is not an object")
     lengths = header.get("buffers")

@@ -28,6 +28,7 @@ import json
 import math
 import re
 import secrets
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -85,6 +86,12 @@ class Budget:
     max_tensor_bytes: int = 512 << 20  # one tensor
     max_total_bytes: int = 4 << 30  # all new tensors together (meta)
     max_flops: int = 20 * 10**9
+    # Work the replay does that the bounds above do not see: elements read (a one-number op such as
+    # equal, or a view-sized op, over a huge expanded view) and written by all ops together (the
+    # solutions' largest call touches ~1e8: 5 %). A wall-clock bound per pass backs it for ops whose
+    # cost is not linear in their elements (the solutions' longest main pass: under 0.5 s).
+    max_elements_touched: int = 2 * 10**9
+    max_replay_s: float = 60.0
 
 
 DEFAULT_BUDGET = Budget()
@@ -177,6 +184,7 @@ class Replayed:
     constants: int
     constant_elements: int
     upcasts: int  # ops that turned float32 data into float64 (a float64 copy: e.g. a float64 reference)
+    elements_touched: int | None = None  # tensor elements the ops read and wrote (bounded: Budget)
     marks: dict[str, list[int]] = field(default_factory=dict)
     inputs: list[torch.Tensor] = field(default_factory=list, repr=False)  # the replay's own input tensors
     twin: "Twin | None" = field(default=None, repr=False)  # the same program on judge-drawn inputs
@@ -256,9 +264,24 @@ def _resolve_uncached(name: str, part: int | None) -> Any:
         why = " (this part asks you to write it yourself)" if plain in refused else ""
         raise ReplayRefused(f"the call used aten::{base}, which graded code may not use{why}", "op")
     try:
-        return getattr(getattr(aten, base), overload)
+        func = getattr(getattr(aten, base), overload)
     except AttributeError:
         raise ReplayRefused(f"the record names an unknown op {name!r}", "malformed") from None
+    if _decomposed_before_dispatch(func):
+        raise ReplayRefused(f"the record names aten::{base}.{overload}, which torch decomposes into other ops before "
+                            "any op is recorded: the record was not made by the recorder", "malformed")
+    return func
+
+
+def _decomposed_before_dispatch(func: Any) -> bool:
+    """Whether torch runs this overload as its decomposition (a CompositeImplicitAutograd kernel and
+    no kernel of its own): a TorchDispatchMode, the recorder, then sees only the ops it decomposes
+    into (einsum as permute/view/bmm, item as _local_scalar_dense), never the overload itself. The
+    judge accepts only what a recording can contain, so every rule sees the ops that really ran."""
+    schema = func._schema
+    name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(name, "CompositeImplicitAutograd") and not has(name, "CPU")
 
 
 def _is_ref(x: Any) -> bool:
@@ -404,6 +427,8 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
     for c in consts:
         if type(c) is not list or len(c) != 2 or type(c[0]) is not int or type(c[1]) is not torch.Tensor:
             raise ReplayRefused("a constant of the record is not a plain tensor", "constants")
+        if c[1].dtype not in _DTYPE_NAME:
+            _refuse_dtype(c[1].dtype)
         if c[1].numel() <= 1:  # torch.tensor(-inf) and friends: a number, counted with the numbers below
             scalars.update(float(x) for x in c[1].double().reshape(-1).tolist())
         else:
@@ -421,6 +446,11 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
             prepared.append(_Op(_judge_info(name), args, kwargs, out))
             continue
         info = _info(_resolve(name, part))
+        # The dispatcher hands an op its arguments as its schema orders them: the positional ones in
+        # args, only keyword-only ones in kwargs. A record that moves an operand into kwargs was not
+        # made by the recorder (and every rule that reads operands reads them where a recording has them).
+        if type(args) is not list or len(args) > info.n_positional or not kwargs.keys() <= info.kwarg_only:
+            raise ReplayRefused(f"the record passes {info.name}'s arguments in a way no recording does", "malformed")
         op = _Op(info, args, kwargs, out)
         prepared.append(op)
         if info.scalar_positions and type(args) is list:
@@ -464,6 +494,22 @@ REDUCTIONS = frozenset("all amax amin any argmax argmin logsumexp max mean min p
                        "_log_softmax".split())
 LIKE = frozenset("empty_like full_like ones_like zeros_like".split())
 SIZED = frozenset("empty full new_empty new_full new_ones new_zeros ones zeros empty_strided new_empty_strided".split())
+
+
+def _refuse_dtype(dtype: torch.dtype) -> None:
+    raise ReplayRefused(f"the call makes a {str(dtype).replace('torch.', '')} tensor; graded code computes in the "
+                        f"floating, integer and bool dtypes ({', '.join(sorted(_DTYPES))})", "dtype")
+
+
+def _tensor_numel(args: list, kwargs: dict) -> int:
+    """Elements of the tensors among an op's arguments (a list argument's too: cat, stack, index)."""
+    n = 0
+    for x in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(x, torch.Tensor):
+            n += x.numel()
+        elif type(x) in (list, tuple):
+            n += sum(t.numel() for t in x if isinstance(t, torch.Tensor))
+    return n
 
 
 def _broadcast_numel(shapes: list) -> int:
@@ -551,6 +597,8 @@ class _Info:
     trusted: str | None = None  # "judge::name" ops: the judge's own function `name`
     call: Any = None  # what runs the op: the overload's C++ callable (its __call__ without the Python frame)
     outer: bool = False  # elementwise arithmetic that can form an outer product (OUTER_OPS)
+    n_positional: int = 0  # arguments the dispatcher passes positionally (a recorder sees them in args)
+    kwarg_only: frozenset = frozenset()  # the keyword-only ones (the only ones it sees in kwargs)
 
 
 _KINDS = {**{n: "elementwise" for n in ELEMENTWISE}, **{n: "reduction" for n in REDUCTIONS},
@@ -572,7 +620,9 @@ def _info(func: Any) -> _Info:
         info = _INFOS[func] = _Info(
             func, name, short, _KINDS.get(plain), short in VIEW_OPS, FLOP_FORMULAS.get(func.overloadpacket), positions,
             any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS,
-            call=getattr(func, "_op", func), outer=plain in OUTER_OPS)
+            call=getattr(func, "_op", func), outer=plain in OUTER_OPS,
+            n_positional=sum(not arg.kwarg_only for arg in func._schema.arguments),
+            kwarg_only=frozenset(arg.name for arg in func._schema.arguments if arg.kwarg_only))
     return info
 
 
@@ -704,6 +754,8 @@ def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted:
     else from the op run on meta tensors (cached per signature); views from the record's claim; a
     TrustedOp's from its `cost` (computed by the caller: the FLOPs count in the replay too)."""
     info = op.info
+    if not info.view:  # a view reads nothing; every other op reads its inputs (and writes below)
+        state["touched"] += _tensor_numel(a, kw)
     if info.view:
         for c in _claims(op.out):
             if c is None:
@@ -712,6 +764,7 @@ def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted:
                 raise ReplayRefused(f"the call makes a view of {math.prod(c[0]):,} elements", "budget")
         return
     if info.scalar_out:
+        _check_touched(state, budget)
         return
     bound = _bound_out(info, a, kw) if info.kind is not None else None
     if bound is not None:
@@ -751,9 +804,24 @@ def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted:
                                 "budget")
     state["bytes"] += sum(sizes)
     state["flops"] += flops
+    state["touched"] += sum(sizes) // 8
     if state["bytes"] > budget.max_total_bytes or state["flops"] > budget.max_flops:
         raise ReplayRefused(f"the call is above the judge's bounds ({state['bytes']:,} bytes allocated, "
                             f"{state['flops']:,} matmul FLOPs)", "budget")
+    _check_touched(state, budget)
+
+
+def _check_touched(state: dict, budget: Budget) -> None:
+    if state["touched"] > budget.max_elements_touched:
+        raise ReplayRefused(f"the call's ops read and write more than {budget.max_elements_touched:,} tensor elements "
+                            "in all (the judge's bound)", "budget")
+
+
+def _deadline_passed(deadline: float | None) -> None:
+    """Checked every 256 ops of a pass: the replay's own wall-clock bound (Budget.max_replay_s)."""
+    if deadline is not None and time.perf_counter() > deadline:
+        raise ReplayRefused("replaying the call took the judge longer than its bound: the recorded ops do far more "
+                            "work than the call needs", "budget")
 
 
 def _to_meta(x: Any) -> Any:
@@ -791,8 +859,12 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     """Replay the ops on real tensors and measure. With `budget`, every op is bounded (_preflight)
     before it runs."""
     prepared = prepare(ops)
-    state = {"cache": {}, "bytes": 0, "flops": 0}
+    state = {"cache": {}, "bytes": 0, "flops": 0, "touched": 0}
+    deadline = time.perf_counter() + budget.max_replay_s if budget is not None else None
     env: dict[int, Any] = {ref: (t.clone() if isinstance(t, torch.Tensor) else t) for ref, t in base.items()}
+    # refs whose values derive from data (inputs, named tensors, constants), not from shapes alone
+    # (an arange, a mask built from aranges): an integer product of two of them can carry a matmul
+    from_data: set[int] = set(base)
     excluded = {key[0] for t in env.values() if isinstance(t, torch.Tensor)
                 for key in [_storage_key(t)] if key is not None and key[1] > 0}
     seen: set[tuple[int, int]] = set()
@@ -808,6 +880,8 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     f64, f32, Tensor = torch.float64, torch.float32, torch.Tensor
     with torch.no_grad():
         for index, op in enumerate(prepared):
+            if not index & 255:
+                _deadline_passed(deadline)
             info = op.info
             a, kw = _args_of(op, env)
             name = info.name
@@ -825,7 +899,17 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             counts[name] = counts.get(name, 0) + 1
             flops_at.append(total)
             got = [result] if type(result) is Tensor else tree_flatten(result)[0]
+            if type(result) is Tensor:
+                if result.dtype not in _DTYPE_NAME:
+                    _refuse_dtype(result.dtype)
+            else:
+                for t in got:
+                    if isinstance(t, Tensor) and t.dtype not in _DTYPE_NAME:
+                        _refuse_dtype(t.dtype)
             shapes.append(result.shape if type(result) is Tensor else _shapes(got))
+            derived = any(r in from_data for r in op.reads)
+            if derived:
+                from_data.update(leaf for leaf in op.leaves if type(leaf) is int)
             if info.view:
                 tensors = [t for t in got if isinstance(t, Tensor)]
                 claims = _claims(op.out)
@@ -862,15 +946,18 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         if key[1] > largest["bytes"]:
                             largest = {"bytes": int(key[1]), "op": name, "shape": list(t.shape),
                                        "dtype": str(t.dtype).replace("torch.", "")}
-            if out64 and any(isinstance(x, Tensor) and x.dtype == f32
-                             for x in (a if op.fast is not None else tree_flatten(a)[0])):
+            operands_all = (a if op.fast is not None else tree_flatten(a)[0]) + (list(kw.values()) if kw else [])
+            if out64 and any(isinstance(x, Tensor) and x.dtype == f32 for x in operands_all):
                 upcasts += 1
-            if info.outer and got and isinstance(got[0], Tensor) and got[0].is_floating_point():
+            # Floating products always; integer ones of data (a float scaled to fixed point would
+            # carry a matmul through them), not index arithmetic on aranges.
+            if info.outer and got and isinstance(got[0], Tensor) and (
+                    got[0].is_floating_point() or (derived and got[0].dtype != torch.bool)):
                 n_out = got[0].numel()
                 # the operands that carry data (a one-element tensor is a number), each with how many
                 # distinct elements it holds
                 operands, held = [], []
-                for x in a:
+                for x in operands_all:
                     if isinstance(x, Tensor):
                         e = _effective_numel(x)
                         if e > 1:
@@ -903,6 +990,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
         for ref in op.reads:
             readers.setdefault(ref, []).append(index)
     return Replayed(result=result, ops=len(prepared), op_counts=counts, matmul_flops=total,
+                    elements_touched=state["touched"] if budget is not None else None,
                     flops_by_op=dict(flops), flops_at=flops_at, max_new_storage_bytes=int(largest["bytes"]),
                     max_new_storage=largest, broadcast_product_elems=bcast_elems, broadcast_product_ops=bcast_ops,
                     constants=len(consts), constant_elements=sum(t.numel() for t in consts), upcasts=upcasts,
@@ -915,7 +1003,8 @@ def _shapes(got: list) -> tuple:
     return tuple(tuple(t.shape) for t in got if isinstance(t, torch.Tensor))
 
 
-def _twin_pass(main: Replayed, base: dict[int, Any], record: dict, trusted: dict) -> "Twin":
+def _twin_pass(main: Replayed, base: dict[int, Any], record: dict, trusted: dict,
+               budget: Budget = DEFAULT_BUDGET) -> "Twin":
     """The same checked program on the twin's inputs (same shapes), measuring nothing: only its result.
     The main pass bounded every op for the shapes it saw; every op must give the same shapes here
     (an op whose output shape depends on values, e.g. boolean indexing, could otherwise grow
@@ -923,8 +1012,11 @@ def _twin_pass(main: Replayed, base: dict[int, Any], record: dict, trusted: dict
     env: dict[int, Any] = {ref: (t.clone() if isinstance(t, torch.Tensor) else t) for ref, t in base.items()}
     Tensor = torch.Tensor
     shapes = main.shapes
+    deadline = time.perf_counter() + budget.max_replay_s
     with torch.no_grad():
         for index, op in enumerate(main.prepared):
+            if not index & 255:
+                _deadline_passed(deadline)
             a, kw = _args_of(op, env)
             result = _run(op, a, kw, trusted)
             leaves = op.leaves
@@ -1166,7 +1258,7 @@ def _replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict
             not isinstance(t, torch.Tensor) or (isinstance(main_base[r], torch.Tensor) and t.shape == main_base[r].shape
                                                 and t.dtype == main_base[r].dtype) for r, t in base.items())
         if same:  # the main pass bounded every op for these shapes
-            rp.twin = _twin_pass(rp, base, record, replay_kw.get("trusted") or {})
+            rp.twin = _twin_pass(rp, base, record, replay_kw.get("trusted") or {}, budget)
         else:
             twin = _real_pass(rp.prepared, base, record, set(), replay_kw.get("trusted") or {}, budget=budget)
             rp.twin = Twin(twin.result)

@@ -333,7 +333,19 @@ def check_key_extents(rp: replay.Replayed, case: AttnCase, *, fn: str, inputs: d
 
 HINT_PANEL = ("S = Q Kᵀ and P̃ V exist one B_r × B_c tile at a time (§5.1): loop over the K/V blocks with the online "
               "softmax (rescale m, ℓ and O per block, §4.3) instead of scoring a row block against many keys at once")
-_MATMULS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}
+# Every matmul overload the allow-list takes (replay.ALLOWED) -> the positions of its two factors;
+# a vector factor is read as the row or column that mm would make of it (_as_matrix).
+_MATMULS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2),
+            "mv": (0, 1), "addmv": (1, 2), "dot": (0, 1), "vdot": (0, 1)}
+
+
+def _as_matrix(t: torch.Tensor, first: bool) -> tuple[int, ...] | None:
+    """The shape of a matmul factor as a matrix: a vector is a row (first factor) or a column (second)."""
+    if t.dim() >= 2:
+        return tuple(t.shape)
+    if t.dim() == 1:
+        return (1, t.shape[0]) if first else (t.shape[0], 1)
+    return None
 
 
 QUERY_SIDE, KEY_SIDE, VALUE_SIDE = 1, 2, 4  # what a tensor of the replay derives from (bits)
@@ -373,21 +385,23 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
             continue
         (ra, rb) = slots[where[0]], slots[where[1]]
         a, b = rp.env.get(ra), rp.env.get(rb)
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 2 or b.dim() < 2:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            continue
+        sa, sb = _as_matrix(a, True), _as_matrix(b, False)
+        if sa is None or sb is None:
             continue
         ma, mb = mask.get(ra, 0), mask.get(rb, 0)
         if not (ma | mb) & Q or not (ma | mb) & (K | V):
             continue
         if bool(ma & Q) == bool(mb & Q):  # both (or neither) derive from q: no side is the key side
-            found.append(Extent("a product of q- and k/v-derived tiles", index, max(*a.shape[-2:], *b.shape[-2:]),
-                                "tile"))
+            found.append(Extent("a product of q- and k/v-derived tiles", index, max(*sa[-2:], *sb[-2:]), "tile"))
         elif ma & Q:  # A is the query side: B is Kᵀ / Vᵀ (free dim: keys) or K / V (contraction: keys)
-            found.append(Extent("S = Q·Kᵀ", index, b.shape[-1], "keys") if not ma & K
-                         else Extent("P̃·V", index, b.shape[-2], "keys"))
+            found.append(Extent("S = Q·Kᵀ", index, sb[-1], "keys") if not ma & K
+                         else Extent("P̃·V", index, sb[-2], "keys"))
         else:  # B is the query side: A is K / V (free dim: keys) or Kᵀ / Vᵀ (contraction: keys)
-            found.append(Extent("Sᵀ = K·Qᵀ", index, a.shape[-2], "keys") if not mb & K
-                         else Extent("Vᵀ·P̃ᵀ", index, a.shape[-1], "keys"))
-        batch = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
+            found.append(Extent("Sᵀ = K·Qᵀ", index, sa[-2], "keys") if not mb & K
+                         else Extent("Vᵀ·P̃ᵀ", index, sa[-1], "keys"))
+        batch = max(math.prod(sa[:-2]), math.prod(sb[:-2]))
         if batch > 1:
             found.append(Extent(f"the batched matmul {op.info.short}", index, batch, "batch"))
     return found
