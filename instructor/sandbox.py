@@ -172,8 +172,11 @@ class Sandbox:
 
     @property
     def isolating(self) -> bool:
-        """True when the worker cannot read the instructor's files nor write where others read."""
-        return self.kind in ("bubblewrap", "uid")
+        """True when the worker cannot read the instructor's files nor write where others read. The uid
+        mode isolates only under Landlock: file permissions alone leave everything world-readable to
+        the worker's uid (other submissions, other processes' command lines, a course folder
+        copied elsewhere)."""
+        return self.kind == "bubblewrap" or (self.kind == "uid" and self.landlock_abi > 0)
 
     @property
     def process_limit(self) -> str:
@@ -216,10 +219,13 @@ class Sandbox:
             for b in binds:
                 _make_traversable(b, self.uid)
                 _check_ancestors(b)
-            cfg.update(uid=self.uid, gid=self.uid, scratch=self._new_scratch())
+            # The scratch folder (HOME, TMPDIR, the working directory) stays root's: on disk, with no
+            # quota, a worker could fill it without bound; the uid mode writes nowhere (bubblewrap
+            # gives a size-capped tmpfs instead).
+            cfg.update(uid=self.uid, gid=self.uid, scratch=self._new_scratch(), scratch_owner="root")
             if self.landlock_abi:
-                cfg["landlock"] = {"abi": self.landlock_abi, "read": landlock_read_paths(binds),
-                                   "write": ["/dev/null"]}
+                cfg["landlock"] = {"abi": self.landlock_abi, "read": [*landlock_read_paths(binds), cfg["scratch"]],
+                                   "write": ["/dev/null"], "scratch_write": False}
         return cfg
 
     def _new_scratch(self) -> str:
@@ -414,7 +420,10 @@ def landlock_read_paths(binds: Sequence[Path]) -> list[str]:
     /proc and /sys that the interpreter and torch read, the devices it opens."""
     system = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
               "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime",
-              "/proc", "/sys/devices/system/cpu", "/sys/fs/cgroup", "/dev/null", "/dev/zero", "/dev/urandom",
+              # of /proc only the worker's own process (the rule is added by the worker itself, so
+              # /proc/self is its own folder) and the machine's counters: no other process's cmdline
+              "/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat",
+              "/sys/devices/system/cpu", "/sys/fs/cgroup", "/dev/null", "/dev/zero", "/dev/urandom",
               "/dev/random"]
     return [*(str(b) for b in binds), *(p for p in system if os.path.exists(p))]
 
@@ -529,7 +538,10 @@ def hide_instructor_files(paths: Sequence[Path] | None = None) -> list[str]:
         except OSError:
             continue
         if st.st_uid == os.getuid() and st.st_mode & 0o007:
-            os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o007)
+            try:
+                os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o007)
+            except OSError:  # e.g. a read-only file system: the self-test then decides (Landlock may hold)
+                continue
             changed.append(str(p))
     return changed
 
@@ -595,13 +607,14 @@ def _run_probe(box: Sandbox, probe_dir: Path) -> tuple[bool, str]:
         scratch = cfg["scratch"]
     else:
         argv, scratch = box.prefix(paths), "/tmp"
-    checks = {"unreadable": [], "unwritable": [str(probe_dir)], "writable": [scratch],
+    checks = {"unreadable": [], "unwritable": [str(probe_dir)], "writable": [scratch] if box.kind != "uid" else [],
               "readable": [str(ROOT / "course" / "__init__.py"), str(ENGINE_DIR / "worker.py")]}
     if box.isolating:
         checks["unreadable"] = [str(p) for p in secret_paths()]
         checks["unwritable"] += [str(ROOT / "course"), str(ROOT), "/root"]
         if box.kind == "bubblewrap" or box.landlock_abi:
-            checks["unwritable"] += ["/tmp", "/dev/shm", "/var/tmp"] if box.kind == "uid" else []
+            checks["unwritable"] += ["/tmp", "/dev/shm", "/var/tmp", scratch] if box.kind == "uid" else []
+            checks["unreadable"] += [f"/proc/{os.getpid()}/cmdline"] if box.kind == "uid" else []
     argv += [sys.executable, "-I", "-S", "-c", _SELF_TEST, json.dumps(checks)]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -657,7 +670,7 @@ def _try_uid(seccomp, limits) -> tuple[Sandbox | None, str]:
 
     abi = confine.landlock_abi()
     hide_instructor_files()
-    how = f"Landlock ABI {abi}" if abi else "file permissions; no Landlock on this kernel"
+    how = f"Landlock ABI {abi}" if abi else "file permissions only, no Landlock on this kernel: not isolating"
     box = Sandbox(f"unprivileged-uid ({how})", limits, None, None, seccomp, UID_BASE + 99, "uid", abi)
     with _probe_dir() as d:
         try:

@@ -76,3 +76,17 @@ def test_cli_exit_status_and_json(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "autograder.grade", "--impl", "no/such/folder"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "is not a folder" in bad.stderr
+
+
+def test_a_hidden_set_that_brings_no_tests_withholds_the_points(tmp_path):
+    """Hidden tests asked for but missing or empty (a folder lost in a copy, files deleted): the part
+    is not graded on its public tests alone."""
+    empty = tmp_path / "hidden_tests"
+    empty.mkdir()
+    (empty / "__init__.py").write_text("")
+    report = grade(REPO / "solutions", parts=[6], test_sets=("public", "hidden"), hidden_dir=empty)
+    (part,) = report["parts"]
+    assert part["points"] == 0 and part["status"] == "error" and part["passed"] > 0
+    assert any("no hidden tests were collected" in e and "withheld" in e for e in report["errors"]), report["errors"]
+    full = grade(REPO / "solutions", parts=[6], test_sets=("public", "hidden"))
+    assert full["parts"][0]["points"] == full["parts"][0]["max_points"] and not full["errors"]

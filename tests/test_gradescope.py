@@ -68,7 +68,7 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
 
     # the spec's fields
     assert {"score", "output", "visibility", "stdout_visibility", "tests"} <= set(res)
-    assert res["visibility"] == "visible" and res["stdout_visibility"] == "hidden"
+    assert res["visibility"] == "after_published" and res["stdout_visibility"] == "hidden"  # hidden tests ran
     for t in res["tests"]:
         assert {"name", "score", "max_score", "visibility", "output"} <= set(t)
         assert t["visibility"] == ("after_published" if "hidden/" in t["name"] else "visible")
@@ -76,7 +76,7 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
     assert any("hidden/" in t["name"] for t in res["tests"]) and any("public/" in t["name"] for t in res["tests"])
     # the engine rounds test scores to 1e-6 and part points to 1e-4: the sums agree to ~1e-4
     assert abs(sum(t["score"] for t in res["tests"]) - res["score"]) < 1e-3
-    assert "conftest.py" in res["output"]  # intake says it ignored the extra file
+    assert "conftest.py" in res["output"] and "conftest.py" in res["tests"][0]["output"]  # intake's note, seen at once
 
     # the same engine on the same file gives the same points (merge_partial's tests fail, the rest pass)
     impl = tmp_path / "impl"
@@ -84,7 +84,7 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
     (impl / "online_softmax.py").write_text(text)
     direct = grade(impl, parts=[1], test_sets=("public", "hidden"))
     assert res["score"] == pytest.approx(direct["total"]) and 0 < direct["total"] < direct["max_total"]
-    by_name = {t["name"].split(": ", 1)[1]: t["score"] for t in res["tests"]}
+    by_name = {t["name"].split(": ", 1)[1]: t["score"] for t in res["tests"] if t.get("tags") != ["summary"]}
     assert by_name == {t["id"]: pytest.approx(t["score"]) for t in direct["tests"]}
 
     # hidden tests are named, not revealed: no parameters in their names, the redacted message only
@@ -92,14 +92,20 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
         if "hidden/" in t["name"]:
             assert "inputs:" not in t["output"] and "max abs error" not in t["output"]
 
-    # what students see before publication (the visible output) counts and scores public tests only
-    public = [t for t in res["tests"] if t["visibility"] == "visible"]
+    # what students see before publication (the visible tests, and the summary among them) counts and
+    # scores public tests only; the grade (public + hidden) is published with the hidden tests
+    visible = [t for t in res["tests"] if t["visibility"] == "visible"]
+    summary = next(t for t in visible if t["name"] == "Public tests: summary")
+    public = [t for t in visible if t is not summary]
     passed, points = sum(t["status"] == "passed" for t in public), sum(t["score"] for t in public)
-    row = next(line for line in res["output"].splitlines() if line.startswith("| 1."))
+    row = next(line for line in summary["output"].splitlines() if line.startswith("| 1."))
     assert row.split("|")[2].strip() == f"{passed}/{len(public)}"
     assert float(row.split("|")[3].split("/")[0]) == pytest.approx(points, abs=0.01)
-    assert points < res["score"]  # the hidden tests' points exist, and are not in the visible text
-    assert "Hidden tests: their results are shown when the grades are published." in res["output"]
+    assert summary["score"] == summary["max_score"] == 0
+    assert points < res["score"]  # the hidden tests' points exist, in the grade only
+    assert res["visibility"] == "after_published"  # with the grade that holds them
+    assert all(t["visibility"] == "after_published" for t in res["tests"] if "hidden/" in t["name"])
+    assert "Hidden tests: their results are shown when the grades are published." in summary["output"]
 
 
 def _run_autograder(gs: Path, **extra: str) -> subprocess.CompletedProcess:
@@ -201,3 +207,12 @@ def test_a_grading_crash_still_writes_results(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "results" / "results.json").read_text()) == res
     assert res["score"] == 0 and "autograder itself failed" in res["output"] and res["tests"] == []
     assert "the grader is broken" in capsys.readouterr().out  # the traceback: stdout, hidden from students
+
+
+def test_the_build_refuses_hidden_tests_that_miss_a_part():
+    from instructor.gradescope.__main__ import _check_hidden_tests
+
+    complete = [f"instructor/hidden_tests/part{n}_x.py" for n in range(1, 7)]
+    _check_hidden_tests(complete)
+    with pytest.raises(SystemExit, match=r"no cases for part\(s\) \[3\]"):
+        _check_hidden_tests([f for f in complete if "part3_" not in f])

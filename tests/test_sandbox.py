@@ -79,14 +79,17 @@ def test_uid_mode_hides_the_instructor_files_and_bounds_the_worker():
     box = _uid_box()
     secrets = [str(p) for p in sandbox.secret_paths()]
     shared = ["/tmp", "/dev/shm", "/var/tmp"]
-    r = _probe(box, read=[*secrets, str(ROOT / "course")], write=[str(ROOT / "course"), str(ROOT), "/root", *shared])
+    judge_cmdline = f"/proc/{os.getpid()}/cmdline"  # another process's: e.g. the batch's paths
+    r = _probe(box, read=[*secrets, str(ROOT / "course"), judge_cmdline, "/proc/self/status"],
+               write=[str(ROOT / "course"), str(ROOT), "/root", *shared])
     assert r["uid"] == 64097
     assert not any(r["read"][p] for p in secrets), r["read"]
-    assert r["read"][str(ROOT / "course")]  # what it imports stays readable
+    assert r["read"][str(ROOT / "course")] and r["read"]["/proc/self/status"]  # what it imports, its own /proc
     assert not any(v for p, v in r["write"].items() if p not in shared), r["write"]
     if box.landlock_abi:  # without Landlock, what the uid leaves in /tmp is swept after each submission
         assert not any(r["write"][p] for p in shared), r["write"]
-    assert r["scratch"]  # its private scratch folder
+        assert not r["read"][judge_cmdline]
+    assert not r["scratch"]  # its scratch folder (HOME, TMPDIR) is on disk without a quota: not writable
     assert (r["memfd"], r["shmget"], r["inet"], r["fork"], r["kill_init"]) == (False,) * 5, r
     assert r["unix"]
     assert r["nofile"] <= sandbox.SandboxLimits().nofile
@@ -137,6 +140,31 @@ def test_a_mode_that_is_not_available_refuses_in_one_line(tmp_path):
               "--allow-weak-sandbox", "--quiet"], GRADER_BWRAP=str(fake))
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["sandbox"] != "bubblewrap" and "bwrap failed its self-test" in summary["sandbox"]
+
+
+def test_the_uid_mode_without_landlock_is_weak_and_refused(monkeypatch):
+    """File permissions alone leave the world-readable to the worker's uid (other submissions, other
+    processes' command lines): that mode isolates nothing a channel promises, so channels refuse it."""
+    from dataclasses import replace
+
+    from instructor.gradescope.__main__ import WEAK_OK, sandbox_refusal
+
+    box = sandbox.Sandbox("unprivileged-uid (file permissions only)", kind="uid", landlock_abi=0)
+    assert not box.isolating and replace(box, landlock_abi=1).isolating
+    monkeypatch.delenv(WEAK_OK, raising=False)
+    assert "refuses to grade without isolation" in sandbox_refusal(box)
+    assert sandbox_refusal(replace(box, landlock_abi=7)) is None
+
+
+def test_hiding_the_instructor_files_on_a_read_only_file_system_does_not_raise(tmp_path, monkeypatch):
+    secret = tmp_path / "hidden_tests"
+    secret.mkdir(mode=0o755)
+
+    def read_only(*_a, **_k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(os, "chmod", read_only)
+    assert sandbox.hide_instructor_files([secret]) == []  # the self-test then decides
 
 
 def test_require_fails_closed():

@@ -148,9 +148,12 @@ def apply(cfg: dict) -> None:
     uid, gid = cfg.get("uid"), cfg.get("gid")
     scratch = cfg.get("scratch")
     if scratch:
-        os.mkdir(scratch, 0o700)
-        if uid is not None:
-            os.chown(scratch, uid, gid)
+        if cfg.get("scratch_owner") == "root":  # a folder to stand in, not to write (the uid mode)
+            os.mkdir(scratch, 0o711)
+        else:
+            os.mkdir(scratch, 0o700)
+            if uid is not None:
+                os.chown(scratch, uid, gid)
         os.environ["HOME"] = os.environ["TMPDIR"] = scratch
         if cfg.get("chdir"):
             os.chdir(scratch)
@@ -160,7 +163,8 @@ def apply(cfg: dict) -> None:
         if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise _err("prctl(PR_SET_NO_NEW_PRIVS)")
         ll = cfg["landlock"]
-        landlock(ll["read"], [*ll.get("write", []), *([scratch] if scratch else [])], int(ll["abi"]))
+        writable = [scratch] if scratch and ll.get("scratch_write", True) else []
+        landlock(ll["read"], [*ll.get("write", []), *writable], int(ll["abi"]))
     bpf = bytes.fromhex(cfg.get("seccomp") or "")
     if bpf:
         install_seccomp(bpf)

@@ -362,9 +362,19 @@ def build_report(plugin: GradingPlugin, sub: Any, rubric: Rubric, parts: Sequenc
                     first_hidden = fd
         first = first or first_hidden
         points = sum(e["score"] for e in tests if e["part"] == n)
+        # Fail closed: a test set asked for that brought no test (a hidden-tests folder missing, empty
+        # or cut short) would otherwise hand the part's points to the other set alone.
+        empty_sets = [s for s in test_sets if infos and not any(i["set"] == s for i in infos)]
         if not infos:
             status = "error"
             errors.append(f"part {n}: no tests collected (looked for test_part{n}_*.py in {', '.join(test_sets)})")
+        elif empty_sets:
+            status, points = "error", 0.0
+            for e in tests:
+                if e["part"] == n:
+                    e["score"] = 0.0
+            errors.append(f"part {n}: no {' or '.join(empty_sets)} tests were collected, so the part's points are "
+                          "withheld (is the hidden-tests folder complete?)")
         elif passed == len(infos):
             status = "ok"
         elif "error" in statuses:

@@ -57,7 +57,21 @@ def contents() -> list[str]:
     if missing:
         raise SystemExit(f"error: the release ships nothing of {missing}; the Gradescope zip needs it")
     own = [f.relative_to(ROOT).as_posix() for rel in (*ENVIRONMENT, *GRADING_CODE) for f in _files(rel)]
+    _check_hidden_tests(own)
     return sorted(set(grader) | set(own))
+
+
+def _check_hidden_tests(files: Sequence[str]) -> None:
+    """Every part of the rubric has its hidden cases in the zip (the engine withholds a part's points
+    when they are missing at grading time: better to refuse the build)."""
+    from autograder.engine.rubric import load_rubric
+
+    hidden = {Path(f).name for f in files if f.startswith("instructor/hidden_tests/")}
+    missing = [n for n in load_rubric().numbers if not any(h.startswith(f"part{n}_") and h.endswith(".py")
+                                                           for h in hidden)]
+    if missing:
+        raise SystemExit(f"error: instructor/hidden_tests/ has no cases for part(s) {missing}; the Gradescope zip "
+                         "needs them (restore the files, e.g. git checkout instructor/hidden_tests)")
 
 
 def build(out: Path) -> Path:
@@ -87,7 +101,7 @@ def sandbox_refusal(box) -> str | None:
     """Why this machine's sandbox is not good enough to grade on, or None. Only resource limits
     (no file system isolation, no unprivileged uid) is refused unless the instructor set
     AUTOGRADER_ALLOW_WEAK_SANDBOX=1."""
-    if box.mode.startswith("rlimits-only") and os.environ.get(WEAK_OK) != "1":
+    if not box.isolating and os.environ.get(WEAK_OK) != "1":
         return (f"sandbox not available: {box.mode}; the autograder refuses to grade without isolation "
                 f"(set {WEAK_OK}=1 in setup.sh and run_autograder to accept resource limits only)")
     return None

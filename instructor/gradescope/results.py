@@ -5,6 +5,11 @@ Format (Gradescope autograder specification): top level `score`, `output` (+ `ou
 `score`, `max_score`, `status`, `visibility` and `output`. Public tests are "visible"; hidden
 tests are "after_published" and their output is the engine's redacted message only (what was
 checked and the hint, never inputs, values or the student's output).
+
+The top-level `score` is the grade, public and hidden points together, so whoever sees it before
+publication learns the hidden tests' points (score minus the visible tests' sum). When hidden tests
+ran, the top level is therefore "after_published" too, and what students may see at once (the
+public tests' table) is a visible test entry of 0 points of its own.
 """
 from __future__ import annotations
 
@@ -31,10 +36,11 @@ def results_json(view: dict, *, notes: list[str] | None = None, output: str | No
                  execution_time: float | None = None) -> dict[str, Any]:
     """Gradescope results for one submission. `view` is a student view of an engine report.
 
-    Students see `output` and the "visible" tests at once; hidden tests are "after_published".
-    So `output` counts and scores the PUBLIC tests only and names no hidden result: no hidden
-    points, pass counts or messages appear in any field a student sees before publication.
-    Every string the submission influenced is escaped for markdown (output_format "md")."""
+    Students see the "visible" tests at once; hidden tests, and with them the top level (`score`,
+    `output`), are "after_published". So what is visible (the public tests and the table of their
+    counts and points) names no hidden result: no hidden points, pass counts or messages appear in
+    any field a student sees before publication. Every string the submission influenced is escaped
+    for markdown (output_format "md")."""
     tests = []
     numbers: dict[int, int] = {}
     for t in view.get("tests", []):
@@ -68,12 +74,16 @@ def results_json(view: dict, *, notes: list[str] | None = None, output: str | No
         lines += ["", "Hidden tests: their results are shown when the grades are published."]
     if view.get("sandbox"):
         lines += ["", f"sandbox: {sanitize.markdown(view['sandbox'])}"]
+    summary = output if output is not None else "\n".join(lines)
+    if any_hidden:  # the grade would give the hidden points away: students see it when it is published
+        tests.insert(0, {"name": "Public tests: summary", "number": "0", "score": 0.0, "max_score": 0.0,
+                         "visibility": "visible", "output": summary, "output_format": "md", "tags": ["summary"]})
     result: dict[str, Any] = {
         "score": float(view.get("total", 0.0)),
-        "output": output if output is not None else "\n".join(lines),
+        "output": summary,
         "output_format": "md",
         "test_output_format": "text",
-        "visibility": "visible",
+        "visibility": "after_published" if any_hidden else "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
         "extra_data": {"hashes": view.get("hashes", {}), "status": view.get("status"),
