@@ -440,3 +440,14 @@ def test_the_sandbox_is_swept_when_the_worker_changes_test_set(probe, tmp_path):
     report = run(probe, sub, parts=[1], test_sets=("public", "hidden"), worker_prefix=prefix)
     assert report["parts"][0]["total"] > 0
     assert prefix.sweeps >= 1
+
+
+def test_unseeded_random_numbers_are_the_same_in_every_grading(probe, tmp_path):
+    """Every request starts from the same random streams (torch, random, numpy), so a submission that
+    draws unseeded numbers gets one grade, however often it is graded. Here add() is right only when
+    its draws come out as after seed 0 (torch.rand() = 0.496..., random.random() = 0.844...)."""
+    drawing = BENIGN_PROBE.replace("    return x + c", "    import random\n"
+                                   "    return x + c + (float(torch.rand(())) > 0.5) + (random.random() < 0.5)")
+    sub = write(tmp_path / "sub", {"probe.py": "import torch\n" + drawing, "other.py": OTHER_OK})
+    outcomes = {by_name(run(probe, sub, parts=[1]))["test_add"]["outcome"] for _ in range(3)}
+    assert outcomes == {"passed"}
