@@ -904,10 +904,9 @@ def _limit(text: str) -> tuple[str, float | int]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"--limit {text}: the value must be a number") from None
     try:
-        check_overrides({key: number})
+        return key, check_overrides({key: number})[key]  # the field's type: fork_server=0 is False
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return key, number
 
 
 def main(argv: Sequence[str] | None = None) -> int:
