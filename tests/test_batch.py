@@ -290,6 +290,12 @@ def test_the_cli_refuses_bad_arguments(tmp_path):
     assert r.returncode != 0 and "is not a folder" in r.stderr
     r = run(str(tmp_path), "--out", str(tmp_path / "o"), "--shard", "4/3")
     assert r.returncode != 0 and "1 <= i <= n" in r.stderr
+    for bad in (["--parts", "a"], ["--parts", "9"], ["--limit", "call_timeout=60"]):  # argparse's and ours
+        r = run(str(tmp_path), "--out", str(tmp_path / "o"), *bad)
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    r = run("merge", str(tmp_path / "nope"), "--out", str(tmp_path / "m"))
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "no grades.csv" in r.stderr
 
 
 # ---------------------------------------------------------------------------------------------
