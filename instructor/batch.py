@@ -17,17 +17,24 @@ this process only renders it. One row per entry, always, with a reason on every 
     DIR/<student>/results.json      Gradescope's results format
     DIR/summary.json                graded / failed to grade / time, sandbox, environment hashes
 
-Regrading the same folder gives the same grades.csv byte for byte (no times in it; rows sorted).
+Regrading the same folder gives the same grades.csv byte for byte (no times in it; rows sorted),
+as long as the submissions themselves are deterministic.
+
+Before grading anyone, the batch checks its own set-up: the options (parts, test sets, limits,
+folders) up front, then that the reference (solutions/) scores full marks with them.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import io
 import json
+import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -38,15 +45,19 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from autograder.engine import sanitize
+from autograder.engine.limits import Limits, check_overrides
+from autograder.engine.runner import DEFAULT_HIDDEN_DIR, DEFAULT_TESTS_DIR, TEST_SETS
 from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (tests, tools)
 
 from . import intake
-from .grading import (DEFAULT_GRADER, UID_BASE, Graded, Options, environment, failed, grade_one,  # noqa: F401
-                      resolve, run_engine, sandbox_info, sweep, write_outputs)
+from .grading import (DEFAULT_GRADER, STATUSES, UID_BASE, Graded, Options, environment, failed,  # noqa: F401
+                      grade_one, resolve, run_engine, sandbox_info, sweep, write_outputs)
 from .sandbox import SandboxError, require
 
 ROOT = Path(__file__).resolve().parent.parent
 RESERVED = {"grades.csv", "summary.json"}
+SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")  # what intake.student_name makes (and merge accepts)
+HIDDEN_REASON = "hidden entry (its name starts with a dot): not graded"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,7 +93,7 @@ def _judge_main(conn, slot: int, options: Options) -> None:
             continue
         if type(task) is tuple and task[0] == "calibrate":
             try:
-                conn.send(("ok", reference_call_times(replace(options, parts=task[1]), slot, grade)))
+                conn.send(("ok", *reference_run(replace(options, parts=task[1]), slot, grade)))
             except BaseException as e:  # noqa: BLE001 -- no scaling then (the batch decides)
                 conn.send(("error", sanitize.line(f"{type(e).__name__}: {e}", 300)))
             continue
@@ -134,7 +145,10 @@ class Entry:
 def list_entries(folder: Path) -> list[Entry]:
     """Submissions in `folder`, sorted, with unique folder-safe names (alice, alice-2, ...).
     Names are unique whatever the uploads are called: `dup/`, `dup-2/` and `dup.zip` become
-    dup, dup-2 and dup-3."""
+    dup, dup-2 and dup-3.
+    Ids are unique ignoring case too (`Alice/` and `alice.zip` become Alice and alice-2): --out may
+    be on a case-insensitive file system. Hidden entries (a name starting with a dot: .DS_Store, .git)
+    are not submissions: see hidden_entries."""
     if not folder.is_dir():
         raise SystemExit(f"error: {folder} is not a folder; pass the folder that holds one entry per submission")
     out = []
@@ -144,19 +158,25 @@ def list_entries(folder: Path) -> list[Entry]:
     # names that are already unique keep them; the others get the first free -k suffix, in order
     counts: dict[str, int] = {}
     for base in bases.values():
-        counts[base] = counts.get(base, 0) + 1
+        counts[base.lower()] = counts.get(base.lower(), 0) + 1
     taken = {b for b, n in counts.items() if n == 1}
     for p in paths:
         base = bases[p]
         name = base
-        if counts[base] > 1:
+        if counts[base.lower()] > 1:
             k = 1
-            while name in taken:
+            while name.lower() in taken:
                 k += 1
                 name = f"{base}-{k}"
-        taken.add(name)
+        taken.add(name.lower())
         out.append(Entry(name, p, sanitize.name(p.name, 300)))
     return out
+
+
+def hidden_entries(folder: Path) -> list[str]:
+    """The entries list_entries leaves out (names starting with a dot), printable and sorted: the
+    summary and stderr list them, so that nothing in SUBMISSIONS is left out silently."""
+    return sorted(sanitize.name(p.name, 300) for p in folder.iterdir() if p.name.startswith("."))
 
 
 def _base_name(p: Path) -> str:
@@ -175,6 +195,7 @@ def shard_of(entries: list[Entry], shard: tuple[int, int] | None) -> list[Entry]
 
 
 def parse_shard(text: str) -> tuple[int, int]:
+    """--shard i/n as (i, n), or an argparse error saying what is wrong."""
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
@@ -184,27 +205,69 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def check_setup(submissions: Path, out: Path, jobs: int | None, options: Options, timeout_s: float) -> None:
+    """Refuse options that cannot grade anyone fairly, in one line each (SystemExit), before any
+    judge starts or any file is written: the folders, the judges, the time limit, the parts and test
+    sets (against the rubric), the limit overrides (known keys, sensible values), the tests folder."""
+    from autograder.engine.rubric import load_rubric
+
+    def no(msg: str) -> None:
+        raise SystemExit(f"error: {msg}")
+
+    if out.exists() and not out.is_dir():
+        no(f"--out {out} is a file; pass a folder (it is created if missing)")
+    if out == submissions or out.is_relative_to(submissions):
+        no("the output folder must not be inside the submissions folder; choose another --out")
+    if submissions.is_relative_to(out):
+        no("the submissions folder must not be inside the output folder (a student's folder could take its "
+           "place); choose another --out")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0):
+        no(f"--jobs must be a positive number of judges, not {jobs!r}")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        no(f"--timeout must be a positive number of seconds, not {timeout_s!r}")
+    numbers = load_rubric().numbers
+    if options.parts is not None:
+        bad = [n for n in options.parts if n not in numbers]
+        if not options.parts or bad or len(set(options.parts)) != len(options.parts):
+            no(f"--parts {','.join(map(str, options.parts)) or '(none)'}: give distinct part numbers of the rubric, "
+               f"comma-separated ({','.join(map(str, numbers))})")
+    bad_sets = [t for t in options.test_sets if t not in TEST_SETS]
+    if not options.test_sets or bad_sets or len(set(options.test_sets)) != len(options.test_sets):
+        no(f"--sets {','.join(options.test_sets) or '(none)'}: give distinct test sets among {','.join(TEST_SETS)}")
+    try:
+        check_overrides({k: v for k, v in (options.limits or {}).items() if k != "call_timeouts"})
+    except ValueError as e:
+        no(f"--limit: {e}")
+    if options.tests_dir is not None and not Path(options.tests_dir).is_dir():
+        no(f"--tests-dir {options.tests_dir} is not a folder; pass the assignment's tests folder")
+
+
 def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: tuple[int, int] | None = None,
               options: Options | None = None, timeout_s: float = 1800.0, progress: bool = True,
               sandbox: str = "auto", allow_weak: bool = False) -> dict:
     """Grade every entry of `submissions` (or one shard of them) into `out`. Returns the summary.
     One row per entry, always: a submission that breaks its judge is a row "failed to grade".
-    The sandbox mode asked for must be available, or the batch refuses (choose_sandbox)."""
+    The sandbox mode asked for must be available, or the batch refuses (choose_sandbox); so must
+    the options (check_setup), and the reference must score full marks with them (check_reference).
+    jobs=0 grades in this process (debugging, tests; the command line needs at least 1)."""
     t_start = time.perf_counter()
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
-    if out == submissions or out.is_relative_to(submissions):
-        raise SystemExit("error: the output folder must not be inside the submissions folder; choose another --out")
     options = options or Options()
+    check_setup(submissions, out, jobs, options, timeout_s)
     info = choose_sandbox(options, sandbox, allow_weak)
-    entries = shard_of(list_entries(submissions), shard)
+    everyone = list_entries(submissions)
+    entries = shard_of(everyone, shard)
     inline = jobs == 0  # grade in this process, one at a time (debugging; tests)
     jobs = 1 if inline else max(1, min(jobs or os.cpu_count() or 1, len(entries) or 1))
+    calibrate = bool(entries) and options.scale_timeouts and options.grader == DEFAULT_GRADER
+    if entries and not calibrate:  # the check calibrating would have made
+        info["reference"] = check_reference(reference_score(options), options)
+    if calibrate and (inline or jobs == 1):
+        info["call_time_limits"] = scaled_call_timeouts(options)
+        info["reference"] = check_reference(info["call_time_limits"].pop("reference"), options)
     out.mkdir(parents=True, exist_ok=True)
     if options.sandbox is not None and options.sandbox.kind == "uid":
         os.chmod(out, out.stat().st_mode & 0o770)  # the results: closed to the sandbox's uids
-    calibrate = bool(entries) and options.scale_timeouts and options.grader == DEFAULT_GRADER
-    if calibrate and (inline or jobs == 1):
-        info["call_time_limits"] = scaled_call_timeouts(options)
     env = environment()
     work = Path(tempfile.mkdtemp(prefix="autograde-"))  # intake copies: never in the instructor's tree
     results: dict[str, Graded] = {}
@@ -224,7 +287,8 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
                        info if calibrate and jobs > 1 else None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _write_summary(out, entries, results, time.perf_counter() - t_start, jobs, shard, info, env, options)
+    return _write_summary(out, everyone, entries, results, time.perf_counter() - t_start, jobs, shard, info, env,
+                          options, hidden_entries(submissions))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,14 +318,59 @@ def choose_sandbox(options: Options, mode: str, allow_weak: bool) -> dict:
     return sandbox_info(options)
 
 
-def reference_call_times(options: Options, slot: int = 0, grade: Callable | None = None) -> dict[str, float]:
+def _score(report: dict) -> dict:
+    """What check_reference needs of a report: points, max points, tests run, the first error."""
+    errors = report.get("errors") or []
+    return {"points": float(report.get("total") or 0), "max_points": float(report.get("max_total") or 0),
+            "tests": len(report.get("tests") or []), "first_error": sanitize.line(errors[0], 200) if errors else ""}
+
+
+def reference_run(options: Options, slot: int = 0, grade: Callable | None = None) -> tuple[dict[str, float], dict]:
     """Grade the reference (solutions/) on options' parts and test sets, in options' sandbox as judge
-    `slot`'s uid: {call target: its longest call in seconds}. Raises when grading fails."""
+    `slot`'s uid: ({call target: its longest call in seconds}, its score). Raises when grading fails."""
     report = run_engine(ROOT / "solutions", options, slot, grade)
     longest = report.get("timing", {}).get("longest_call_s")
     if not isinstance(longest, dict):
         raise RuntimeError("the grader's report gives no call times")
-    return {str(t): float(v) for t, v in longest.items()}
+    return {str(t): float(v) for t, v in longest.items()}, _score(report)
+
+
+def reference_call_times(options: Options, slot: int = 0, grade: Callable | None = None) -> dict[str, float]:
+    """reference_run's call times only."""
+    return reference_run(options, slot, grade)[0]
+
+
+def reference_score(options: Options) -> dict:
+    """The reference's score with `options`, graded in this process: for a batch that does not
+    calibrate (fixed limits, another grader), so that its set-up is checked all the same."""
+    try:
+        return _score(run_engine(ROOT / "solutions", options))
+    except Exception as e:  # noqa: BLE001 -- check_reference refuses, naming it
+        return {"error": sanitize.line(f"{type(e).__name__}: {e}", 300)}
+
+
+def _options_text(options: Options) -> str:
+    overrides = {k: v for k, v in (options.limits or {}).items() if k != "call_timeouts"}
+    return (f"parts {','.join(map(str, options.parts)) if options.parts else 'all'}; "
+            f"sets {','.join(options.test_sets) or '(none)'}; tests {options.tests_dir or 'autograder/tests'}; "
+            f"limits {', '.join(f'{k}={v}' for k, v in sorted(overrides.items())) or 'the rubric'}"
+            f"{'; fixed time limits' if not options.scale_timeouts else ''}")
+
+
+def check_reference(score: dict, options: Options) -> dict:
+    """The batch's own set-up, checked before it grades anyone: the reference must score full marks
+    on the parts and test sets graded, with the limits given; else every student would lose points
+    for the instructor's mistake (a wrong --tests-dir, --sets, --limit). Refuses in one line
+    (SystemExit); returns the score for the summary."""
+    if "error" in score:
+        raise SystemExit(f"error: grading the reference solutions failed with these options ({_options_text(options)})"
+                         f": {score['error']}; fix the options before grading students")
+    if score["tests"] == 0 or score["max_points"] <= 0 or score["points"] < score["max_points"] - 1e-6:
+        why = f" (first error: {score['first_error']})" if score.get("first_error") else ""
+        raise SystemExit(f"error: the reference solutions score {score['points']:g}/{score['max_points']:g} "
+                         f"({score['tests']} tests run) with these options: {_options_text(options)}{why}; "
+                         "fix the options (or the tests) before grading students")
+    return score
 
 
 def call_time_limits(longest: dict[str, float], options: Options, t0: float, factor: float = TIMEOUT_FACTOR,
@@ -287,10 +396,10 @@ def scaled_call_timeouts(options: Options) -> dict:
     each on some of the parts (_calibrate_in_judges)."""
     t0 = time.perf_counter()
     try:
-        longest = reference_call_times(options)
-    except Exception as e:  # noqa: BLE001 -- no scaling then: the configured limits hold
-        return _not_scaled(e)
-    return call_time_limits(longest, options, t0)
+        longest, score = reference_run(options)
+    except Exception as e:  # noqa: BLE001 -- no scaling then; check_reference refuses
+        return {**_not_scaled(e), "reference": {"error": sanitize.line(f"{type(e).__name__}: {e}", 300)}}
+    return {**call_time_limits(longest, options, t0), "reference": score}
 
 
 def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: float) -> dict:
@@ -313,6 +422,7 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
         j.conn.send(("calibrate", sorted(share)))
     longest: dict[str, float] = {}
     failure = None
+    score = {"points": 0.0, "max_points": 0.0, "tests": 0, "first_error": ""}
     for j, _ in asked:
         try:
             reply = j.conn.recv() if j.conn.poll(timeout_s) else ("error", "it took too long")
@@ -323,9 +433,12 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
             continue
         for t, v in reply[1].items():
             longest[t] = max(longest.get(t, 0.0), v)
+        for k in ("points", "max_points", "tests"):
+            score[k] += reply[2][k]
+        score["first_error"] = score["first_error"] or reply[2].get("first_error", "")
     if failure is not None:
-        return _not_scaled(failure)
-    info = call_time_limits(longest, options, t0)
+        return {**_not_scaled(failure), "reference": {"error": sanitize.line(failure, 300)}}
+    info = {**call_time_limits(longest, options, t0), "reference": score}
     for j in judges:
         try:
             j.conn.send(("limits", options.limits["call_timeouts"]))
@@ -349,6 +462,7 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
         judges = [Judge(ctx, slot, options) for slot in range(min(jobs, len(entries)))]
         if calibrate_into is not None:
             calibrate_into["call_time_limits"] = _calibrate_in_judges(judges, options, timeout_s)
+            calibrate_into["reference"] = check_reference(calibrate_into["call_time_limits"].pop("reference"), options)
             for i, j in enumerate(judges):  # one that died calibrating grades nothing: a fresh one does
                 if not j.proc.is_alive():
                     j.kill()
@@ -440,41 +554,102 @@ def _finish(out: Path, e: Entry, graded: Graded) -> Graded:
 
 
 CSV_HEAD = ["student", "source", "status"]
+CSV_TAIL = ["total", "max_total", "submission_sha256", "reason"]
 
 
-def write_grades_csv(path: Path, rows: list[Graded]) -> None:
+def graded_parts(options: Options) -> list[int]:
+    """The part numbers a run grades (its grades.csv columns), from the options and the rubric:
+    never from the rows, so that every shard of a run, even an empty one, has the same header."""
+    from autograder.engine.rubric import load_rubric
+
+    return sorted(set(options.parts)) if options.parts else load_rubric().numbers
+
+
+def csv_header(parts: Sequence[int]) -> list[str]:
+    return [*CSV_HEAD, *[f"part{n}" for n in parts], *CSV_TAIL]
+
+
+def write_grades_csv(path: Path, rows: list[Graded], parts: Sequence[int]) -> None:
     """grades.csv: student, source (the upload it came from), status, part1..partN, total, max_total,
-    submission_sha256, reason (why a row is not "graded"; never empty then). Sorted by student."""
-    parts = sorted({p["part"] for r in rows for p in r.view["parts"]})
+    submission_sha256, reason (why a row is not "graded"; never empty then). Sorted by student.
+    Every cell a submission can influence goes through _cell (no spreadsheet formulas)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*CSV_HEAD, *[f"part{n}" for n in parts], "total", "max_total", "submission_sha256", "reason"])
+    w.writerow(csv_header(parts))
     for r in sorted(rows, key=lambda r: r.name):
         by = {p["part"]: p["points"] for p in r.view["parts"]}
         failed_ = r.status == "failed to grade"
-        w.writerow([r.name, _cell(r.source), r.status, *["" if failed_ else f"{by.get(n, 0):g}" for n in parts],
+        w.writerow([_cell(r.name), _cell(r.source), r.status, *["" if failed_ else f"{by.get(n, 0):g}" for n in parts],
                     "" if failed_ else f"{r.view['total']:g}", f"{r.view['max_total']:g}",
-                    r.view.get("intake", {}).get("sha256", ""), sanitize.line(r.reason, 300)])
+                    r.view.get("intake", {}).get("sha256", ""), _cell(sanitize.line(r.reason, 300))])
     path.write_text(buf.getvalue(), encoding="utf-8")
 
 
+# what a spreadsheet (Excel, LibreOffice, Google Sheets) may read as the start of a formula or a
+# command, also after leading spaces; the full-width forms too (some import them as the ASCII ones)
+FORMULA_START = tuple("=+-@\t\r\n|%") + tuple("\uff1d\uff0b\uff0d\uff20")
+
+
 def _cell(text: str) -> str:
-    """A CSV cell a spreadsheet shows as text: one that starts like a formula gets a leading quote."""
-    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
+    """A CSV cell a spreadsheet shows as text, whatever a submission made of it: one that starts
+    like a formula gets a leading quote. The one function for every text cell a submission sets."""
+    text = str(text)
+    return "'" + text if text.lstrip(" ").startswith(FORMULA_START) else text
 
 
-def _write_summary(out: Path, entries: list[Entry], results: dict, wall: float, jobs: int, shard, info: dict,
-                   env: dict, options: Options) -> dict:
+def _tree_sha256(*folders: Path) -> str:
+    """One hash of the files (names and bytes) of these folders, __pycache__ left out."""
+    h = hashlib.sha256()
+    for folder in folders:
+        if not folder.is_dir():
+            h.update(f"missing {folder.name}\n".encode())
+            continue
+        for f in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            h.update(f"{f.relative_to(folder).as_posix()}\0".encode() + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def fingerprint(options: Options, info: dict, env: dict) -> dict:
+    """What shards must share for their grades to compare (merge refuses others): the test sets, the
+    parts, the limits after the rubric's defaults (not the calibrated per-call times: measured per
+    machine), how call times are limited, the sandbox kind, the grader, and hashes of the rubric, the
+    tests (public and hidden) and the environment."""
+    from autograder.engine.rubric import DEFAULT_RUBRIC, load_rubric
+
+    overrides = {k: v for k, v in (options.limits or {}).items() if k != "call_timeouts"}
+    limits = Limits().updated(**load_rubric().defaults).updated(**overrides).__dict__
+    return {
+        "test_sets": sorted(options.test_sets), "parts": graded_parts(options),
+        "limits": {k: v for k, v in sorted(limits.items()) if k != "call_timeouts"},
+        "scale_timeouts": bool(options.scale_timeouts), "sandbox_kind": str(info.get("sandbox_kind")),
+        "grader": options.grader,
+        "rubric_sha256": hashlib.sha256(DEFAULT_RUBRIC.read_bytes()).hexdigest(),
+        "tests_sha256": _tree_sha256(Path(options.tests_dir or DEFAULT_TESTS_DIR), DEFAULT_HIDDEN_DIR),
+        "python": env.get("python"), "pip_freeze_sha256": env.get("pip_freeze_sha256"),
+    }
+
+
+def entries_sha256(names: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
+
+
+def _write_summary(out: Path, everyone: list[Entry], entries: list[Entry], results: dict, wall: float, jobs: int,
+                   shard, info: dict, env: dict, options: Options, hidden: list[str]) -> dict:
     rows = [results[e.name] for e in entries if e.name in results]
-    write_grades_csv(out / "grades.csv", rows)
+    write_grades_csv(out / "grades.csv", rows, graded_parts(options))
     counts = {s: sum(r.status == s for r in rows) for s in ("graded", "failed to grade", "rejected")}
     hashes = [r.view.get("hashes", {}) for r in rows]
+    names = [e.name for e in everyone]
     summary = {
         "submissions": len(rows), "graded": counts["graded"], "failed_to_grade": counts["failed to grade"],
         "rejected": counts["rejected"], "wall_s": round(wall, 2), "jobs": jobs,
         "submissions_per_minute": round(60 * len(rows) / wall, 2) if wall > 0 else None,
         "shard": list(shard) if shard else None, "test_sets": list(options.test_sets), "parts": options.parts,
         **info, "environment": env,
+        # the whole folder's ids (every shard records them all): merge refuses shards cut from other lists
+        "entries": names, "entries_count": len(names), "entries_sha256": entries_sha256(names),
+        "skipped": [{"source": h, "reason": HIDDEN_REASON} for h in hidden],
+        "fingerprint": fingerprint(options, info, env),
         # the mode string of each feedback (bubblewrap: were its workers forked inside the sandbox?)
         "sandbox_used": {m: sum(str(r.view.get("sandbox")) == m for r in rows)
                          for m in sorted({str(r.view.get("sandbox")) for r in rows})},
@@ -503,6 +678,11 @@ def print_summary(summary: dict, out: Path) -> None:
     t.add_row("process limit", escape(summary["process_limit"]))
     t.add_row("grades", escape(str(out / "grades.csv")))
     Console(stderr=True).print(t)
+    skipped = summary.get("skipped") or []
+    if skipped:
+        shown = ", ".join(k["source"] for k in skipped[:10]) + (" ..." if len(skipped) > 10 else "")
+        Console(stderr=True).print(f"skipped {len(skipped)} hidden entr{'y' if len(skipped) == 1 else 'ies'} "
+                                   f"(name starts with a dot; not graded, no row): {shown}", markup=False)
     for name, why in summary["failed"].items():
         Console(stderr=True).print(f"[red]failed to grade[/red] {escape(name)}: {escape(why)} "
                                    f"(see {escape(str(out / name / 'grading-error.txt'))})")
@@ -512,13 +692,89 @@ def print_summary(summary: dict, out: Path) -> None:
 # merge (shards -> one folder)
 
 
-def _check_shards(dirs: list[Path], summaries: list[dict]) -> None:
-    """Refuse anything but a complete set of shards 1/n .. n/n, each once (names the missing ones)."""
-    given = [s.get("shard") for s in summaries]
-    if any(g is None for g in given):
-        if len(dirs) > 1:
-            d = dirs[given.index(None)]
-            raise SystemExit(f"error: {d} was not graded with --shard i/n; merge joins the shards of one run")
+@dataclass
+class Shard:
+    """One shard's output folder, read and checked (merge validates every shard before it copies)."""
+
+    dir: Path
+    summary: dict
+    header: list[str]
+    rows: list[list[str]]
+
+
+def _read_shard(d: Path) -> Shard:
+    """Read one shard's summary.json and grades.csv, or refuse in one line naming the file."""
+    def no(path: Path, what: str) -> None:
+        raise SystemExit(f"error: {path}: {what}; pass the --out folders of the shards of one run (or regrade it)")
+
+    if not d.is_dir() or not (d / "grades.csv").is_file() or not (d / "summary.json").is_file():
+        raise SystemExit(f"error: {d} has no grades.csv and summary.json; pass the --out folders of the shards")
+    sp, gp = d / "summary.json", d / "grades.csv"
+    try:
+        summary = json.loads(sp.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        no(sp, f"not valid JSON ({sanitize.line(type(e).__name__, 40)})")
+    except OSError as e:
+        no(sp, f"cannot be read ({e.strerror})")
+    if not isinstance(summary, dict):
+        no(sp, f"holds a {type(summary).__name__}, not the summary object")
+    shard = summary.get("shard")
+    if shard is not None:
+        if not (isinstance(shard, list) and len(shard) == 2 and all(type(x) is int for x in shard)):
+            no(sp, f'"shard" is {sanitize.line(json.dumps(shard), 60)}, not [i, n]')
+        if not 1 <= shard[0] <= shard[1]:
+            no(sp, f'"shard" {shard[0]}/{shard[1]} is out of range (1 <= i <= n)')
+    entries, fp = summary.get("entries"), summary.get("fingerprint")
+    if not (isinstance(entries, list) and all(isinstance(x, str) for x in entries)) or not isinstance(fp, dict):
+        no(sp, "has no entry list or fingerprint (an older batch wrote it, or it was edited)")
+    if summary.get("entries_sha256") != entries_sha256(entries) or len(set(entries)) != len(entries):
+        no(sp, "its entry list does not match its entries_sha256")
+    try:
+        text = gp.read_bytes().decode("utf-8")
+        table = list(csv.reader(io.StringIO(text, newline="")))
+    except UnicodeDecodeError as e:
+        no(gp, f"not UTF-8 (byte {e.start})")
+    except (csv.Error, OSError) as e:
+        no(gp, f"not a readable CSV file ({sanitize.line(e, 80)})")
+    if not table:
+        no(gp, "empty (no header)")
+    header = table[0]
+    parts = fp.get("parts")
+    if not isinstance(parts, list) or header != csv_header(parts):
+        no(gp, "its columns are not the ones its summary's parts give")
+    known = set(entries)
+    for k, row in enumerate(table[1:], start=2):
+        if len(row) != len(header):
+            no(gp, f"row {k} has {len(row)} cells, not {len(header)}")
+        if not SAFE_ID.fullmatch(row[0]) or row[0] not in known:
+            no(gp, f"row {k}: {sanitize.name(row[0], 60)} is not one of the run's student ids")
+        if row[2] not in STATUSES:
+            no(gp, f"row {k}: status {sanitize.name(row[2], 40)} is not one of {', '.join(STATUSES)}")
+    return Shard(d, summary, header, table[1:])
+
+
+def _check_shards(shards: list[Shard]) -> None:
+    """Refuse anything but a complete set of shards 1/n .. n/n, each once (names the missing ones),
+    cut from the same entry list and graded alike (the same fingerprint)."""
+    dirs = [s.dir for s in shards]
+    given = [s.summary.get("shard") for s in shards]
+    if any(g is None for g in given) and len(shards) > 1:
+        d = dirs[given.index(None)]
+        raise SystemExit(f"error: {d} was not graded with --shard i/n; merge joins the shards of one run")
+    first = shards[0]
+    for s in shards[1:]:
+        if s.summary["entries_sha256"] != first.summary["entries_sha256"]:
+            a, b = set(first.summary["entries"]), set(s.summary["entries"])
+            diff = sorted(a ^ b)[:5]
+            raise SystemExit(f"error: {s.dir} and {first.dir} were cut from different submission folders "
+                             f"({len(b)} vs {len(a)} entries; differ in {', '.join(diff) or 'order'}); "
+                             "grade every shard from the same folder")
+        if s.summary["fingerprint"] != first.summary["fingerprint"]:
+            keys = sorted(k for k in set(s.summary["fingerprint"]) | set(first.summary["fingerprint"])
+                          if s.summary["fingerprint"].get(k) != first.summary["fingerprint"].get(k))
+            raise SystemExit(f"error: {s.dir} and {first.dir} were graded differently (they differ in "
+                             f"{', '.join(keys)}); regrade them with the same options, tests and environment")
+    if given[0] is None:
         return
     ns = {g[1] for g in given}
     if len(ns) > 1:
@@ -539,48 +795,52 @@ def _check_shards(dirs: list[Path], summaries: list[dict]) -> None:
 
 def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
     """Join shard outputs: copies each student's folder into `out` and writes one grades.csv.
-    Refuses an incomplete or repeated set of shards, and shards graded with different tests or
-    environments (their grades would not compare)."""
+    Everything is checked before anything is copied: each shard's files (_read_shard), the set of
+    shards (_check_shards: complete, cut from one entry list, graded alike), and that the rows are
+    exactly the run's students, each once. `out` may not be a shard's folder or inside one."""
     dirs = [Path(d) for d in shard_dirs]
-    summaries = []
-    for d in dirs:
-        if not (d / "grades.csv").is_file() or not (d / "summary.json").is_file():
-            raise SystemExit(f"error: {d} has no grades.csv and summary.json; pass the --out folders of the shards")
-        summaries.append(json.loads((d / "summary.json").read_text()))
-    _check_shards(dirs, summaries)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    header: list[str] | None = None
+    target = out.resolve()
+    for d in dirs:
+        if target == d.resolve() or target.is_relative_to(d.resolve()):
+            raise SystemExit(f"error: --out {out} is inside the shard folder {d}; choose a folder of its own")
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --out {out} is a file; pass a folder (it is created if missing)")
+    shards = [_read_shard(d) for d in dirs]
+    _check_shards(shards)
     rows: dict[str, list[str]] = {}
-    fingerprints = set()
-    for d, s in zip(dirs, summaries):
-        csv_path = d / "grades.csv"
-        with csv_path.open(newline="", encoding="utf-8") as f:
-            r = list(csv.reader(f))
-        if header is None:
-            header = r[0]
-        elif r[0] != header:
-            raise SystemExit(f"error: {csv_path} has other columns than the first shard ({r[0]} vs {header})")
-        for row in r[1:]:
+    where: dict[str, Path] = {}
+    for s in shards:
+        for row in s.rows:
             if row[0] in rows:
-                raise SystemExit(f"error: {row[0]} appears in two shards; did two shards get the same --shard i/n?")
-            rows[row[0]] = row
-            if (d / row[0]).is_dir() and d.resolve() != out.resolve():
-                shutil.copytree(d / row[0], out / row[0], dirs_exist_ok=True)
-        fingerprints.add((tuple(s.get("tests_sha256", [])), s.get("environment", {}).get("pip_freeze_sha256")))
-    if len({f for f in fingerprints if f[0]}) > 1:
-        raise SystemExit("error: the shards were graded with different tests or environments; regrade them alike")
+                raise SystemExit(f"error: {row[0]} appears in two shards ({where[row[0]]} and {s.dir}); "
+                                 "did two shards get the same --shard i/n?")
+            rows[row[0]], where[row[0]] = row, s.dir
+    expected = shards[0].summary["entries"]
+    missing = [n for n in expected if n not in rows]
+    if missing:
+        raise SystemExit(f"error: no shard has a row for {', '.join(missing[:5])}"
+                         f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {len(expected)}); regrade them")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in sorted(rows):
+        if (where[name] / name).is_dir():
+            shutil.copytree(where[name] / name, out / name, dirs_exist_ok=True)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header or [])
+    w.writerow(shards[0].header)
     for name in sorted(rows):
         w.writerow(rows[name])
     (out / "grades.csv").write_text(buf.getvalue(), encoding="utf-8")
-    merged = {"shards": len(summaries), "submissions": len(rows),
-              "graded": sum(s.get("graded", 0) for s in summaries),
-              "failed_to_grade": sum(s.get("failed_to_grade", 0) for s in summaries),
-              "rejected": sum(s.get("rejected", 0) for s in summaries),
-              "sandbox": sorted({s.get("sandbox", "?") for s in summaries})}
+    sums = [s.summary for s in shards]
+
+    def total(key: str) -> int:
+        return sum(v for v in (s.get(key, 0) for s in sums) if type(v) is int)
+
+    merged = {"shards": len(sums), "submissions": len(rows), "graded": total("graded"),
+              "failed_to_grade": total("failed_to_grade"), "rejected": total("rejected"),
+              "sandbox": sorted({str(s.get("sandbox", "?")) for s in sums}),
+              "entries": expected, "entries_count": len(expected), "entries_sha256": sums[0]["entries_sha256"],
+              "fingerprint": sums[0]["fingerprint"], "shard": None, "skipped": sums[0].get("skipped", [])}
     (out / "summary.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     return out / "grades.csv"
 
@@ -588,24 +848,84 @@ def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is ONE line on stderr (what is wrong, what to do), exit status 2."""
+
+    def error(self, message: str):  # noqa: D401
+        self.exit(2, f"error: {sanitize.line(message, 300)} (see {self.prog} --help)\n")
+
+
+def _positive_int(flag: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a whole number, not {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be at least 1, not {value}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"--timeout takes a positive number of seconds, not {text!r}")
+    return value
+
+
+def _parts(text: str) -> list[int]:
+    items = [x.strip() for x in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]+", x) for x in items):
+        raise argparse.ArgumentTypeError(f"--parts takes comma-separated part numbers, e.g. 1,2, not {text!r}")
+    return [int(x) for x in items]
+
+
+def _sets(text: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in text.split(","))
+    if not all(items) or any(x not in TEST_SETS for x in items):
+        raise argparse.ArgumentTypeError(f"--sets takes test sets among {','.join(TEST_SETS)}, comma-separated, "
+                                         f"not {text!r}")
+    return items
+
+
+def _limit(text: str) -> tuple[str, float | int]:
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"--limit takes KEY=NUMBER, e.g. call_timeout_s=60, not {text!r}")
+    try:
+        number: float | int = int(value)
+    except ValueError:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--limit {text}: the value must be a number") from None
+    try:
+        return key, check_overrides({key: number})[key]  # the field's type: fork_server=0 is False
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
-        ap = argparse.ArgumentParser(prog="python -m instructor.batch merge",
-                                     description="Join the grades of several --shard runs.")
+        ap = _Parser(prog="python -m instructor.batch merge", description="Join the grades of several --shard runs.")
         ap.add_argument("shards", nargs="+", type=Path, help="the --out folders of the shards")
         ap.add_argument("--out", type=Path, required=True)
         a = ap.parse_args(argv[1:])
         print(merge(a.shards, a.out))
         return 0
-    ap = argparse.ArgumentParser(prog="python -m instructor.batch", description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog="python -m instructor.batch", description=__doc__.split("\n\n")[0])
     ap.add_argument("submissions", type=Path, help="folder with one entry (folder or .zip) per submission")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "autograde")
-    ap.add_argument("--jobs", type=int, default=None,
-                    help="judges in parallel (default: one per core; 0: grade in this process, for debugging)")
+    ap.add_argument("--jobs", type=_positive_int("--jobs"), default=None,
+                    help="judges in parallel (default: one per core)")
     ap.add_argument("--shard", type=parse_shard, default=None, help="grade only shard i of n (1-based), e.g. 3/8")
-    ap.add_argument("--parts", default=None, help="comma-separated part numbers (default: all)")
-    ap.add_argument("--sets", default="public,hidden", help="test sets (default: public,hidden)")
+    ap.add_argument("--parts", type=_parts, default=None, help="comma-separated part numbers (default: all)")
+    ap.add_argument("--sets", type=_sets, default=("public", "hidden"), help="test sets (default: public,hidden)")
     ap.add_argument("--sandbox", choices=["auto", "bubblewrap", "uid", "rlimits", "off"], default="auto",
                     help="auto: bubblewrap if it passes its self-test, else the unprivileged-uid sandbox; "
                          "grading refuses when neither is available, unless --allow-weak-sandbox")
@@ -613,22 +933,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="accept a sandbox weaker than asked (rlimits only, or off) instead of refusing")
     ap.add_argument("--fixed-time-limits", action="store_true",
                     help="do not scale each call's time limit from the reference's own time")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per submission before it is stopped")
-    ap.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--timeout", type=_seconds, default=1800.0, help="seconds per submission before it is stopped")
+    ap.add_argument("--limit", type=_limit, action="append", default=[], metavar="KEY=VALUE",
                     help="engine limit override, e.g. call_timeout_s=5 or memory_mb=2048 (repeatable)")
     ap.add_argument("--tests-dir", default=None, help="another assignment-tests folder (default: autograder/tests)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)
-    limits = {}
-    for item in a.limit:
-        key, _, value = item.partition("=")
-        try:
-            limits[key] = float(value) if "." in value else int(value)
-        except ValueError:
-            ap.error(f"--limit {item}: expected KEY=NUMBER")
-    parts = [int(x) for x in a.parts.split(",")] if a.parts else None
-    options = Options(parts=parts, test_sets=tuple(s for s in a.sets.split(",") if s), limits=limits,
-                      tests_dir=a.tests_dir, scale_timeouts=not a.fixed_time_limits)
+    options = Options(parts=a.parts, test_sets=a.sets, limits=dict(a.limit), tests_dir=a.tests_dir,
+                      scale_timeouts=not a.fixed_time_limits)
     summary = run_batch(a.submissions, a.out, jobs=a.jobs, shard=a.shard, options=options, timeout_s=a.timeout,
                         progress=not a.quiet, sandbox=a.sandbox, allow_weak=a.allow_weak_sandbox)
     print_summary(summary, a.out)

@@ -9,18 +9,28 @@ destination folder that the grader (and its sandbox) sees instead of the origina
 Rejected, each with a one-line reason shown in the student's feedback:
 - a path that escapes the submission (absolute, or with `..`: a "zip slip");
 - a symbolic or hard link, a device, a fifo (for a directory) or a link entry (for a zip);
-- a graded file over `max_file_bytes`, not UTF-8, with NUL bytes, or not valid Python;
+- a graded file over `max_file_bytes`, not UTF-8 (a PEP 263 coding cookie other than utf-8
+  included: the worker would decode the file by it), with NUL bytes, or not valid Python;
+- a graded file that is ambiguous: a zip holding two members that name the same path (after
+  '\\' -> '/', './' and '//' are normalised), or two folders with the graded files alike;
 - a whole submission that is neither a directory nor a .zip, a corrupt or encrypted zip, or one
-  with more than `max_entries` entries.
+  with more than `max_entries` entries (counted from the zip's end record or while listing a
+  folder, before anything else is read).
+`take` never raises: anything unexpected becomes a rejection naming the exception's type (never a
+traceback, never one of the instructor's paths).
 Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data) is ignored and
 listed as such. A graded file that is absent, or rejected, costs that part its points.
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
+import io
 import os
 import re
 import stat
+import struct
+import tokenize
 import tomllib
 import zipfile
 from dataclasses import dataclass, field
@@ -121,7 +131,9 @@ class Submission:
 def student_name(entry: Path) -> str:
     """A folder-safe student id from the entry name (`alice.zip` -> `alice`)."""
     name = entry.name[:-4] if entry.name.lower().endswith(".zip") else entry.name
-    name = re.sub(r"[^A-Za-z0-9._@+-]", "_", name).strip("._") or "submission"
+    name = re.sub(r"[^A-Za-z0-9._@+-]", "_", name)
+    # an id starts with a letter or digit: never with "+-@" (a spreadsheet formula, a CLI option)
+    name = re.sub(r"^[._@+-]+", "", name).rstrip("._") or "submission"
     return name[:100]
 
 
@@ -132,15 +144,30 @@ def check_source(name: str, data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -
     if b"\0" in data:
         return "not a Python source file (contains NUL bytes)"
     try:
-        text = data.removeprefix(BOM).decode("utf-8")
+        data.removeprefix(BOM).decode("utf-8")
     except UnicodeDecodeError as e:
         return f"not UTF-8 text (byte {e.start}); save the file as UTF-8"
-    try:
-        compile(text, name, "exec", dont_inherit=True)
+    why = _coding_cookie(data)
+    if why:
+        return why
+    try:  # the bytes, as the worker's import reads them (the cookie was checked above)
+        compile(data.removeprefix(BOM), name, "exec", dont_inherit=True)
     except SyntaxError as e:
         return f"not valid Python: {e.msg} (line {e.lineno}); fix the syntax error"
     except (ValueError, RecursionError, MemoryError) as e:  # pathological input
         return f"not valid Python ({type(e).__name__})"
+    return None
+
+
+def _coding_cookie(data: bytes) -> str | None:
+    """Why the file's PEP 263 coding cookie is refused, or None. The worker's import decodes a file
+    by its cookie, so a UTF-8 check of the bytes alone would grade other text than it checked."""
+    try:
+        enc, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as e:  # an unknown encoding, or a BOM with another cookie
+        return f"bad coding declaration ({sanitize.line(e.msg, 80)}); remove it or declare utf-8"
+    if codecs.lookup(enc).name not in ("utf-8", "utf-8-sig"):
+        return f"declares the encoding {sanitize.line(enc, 40)} (a coding cookie); save it as UTF-8 and declare utf-8 or nothing"
     return None
 
 
@@ -161,6 +188,13 @@ def _unsafe_member(name: str) -> str | None:
     return None
 
 
+def _describe(e: BaseException) -> str:
+    """An exception as a short reason without paths: OSError's strerror, else type and message."""
+    if isinstance(e, OSError):
+        return sanitize.line(e.strerror or type(e).__name__, 100)
+    return sanitize.line(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, 160)
+
+
 def _pick_root(candidates: dict[str, list[str]], wanted: set[str]) -> tuple[str | None, str | None]:
     """Choose the folder (posix relative path) that holds the graded files: the one with the most
     of them, then the shallowest. Returns (folder, error)."""
@@ -178,7 +212,7 @@ def _pick_root(candidates: dict[str, list[str]], wanted: set[str]) -> tuple[str 
     if len(ranked) > 1:
         second = ranked[1]
         same = len(by_dir[second]) == len(by_dir[best]) and depth(second) == depth(best)
-        if same and not starter(best):
+        if same and (not starter(best) or starter(second)):  # two starter/ folders: no winner either
             return None, (f"ambiguous: graded files in both '{best}' and '{second}'; "
                           f"submit one folder with the graded files (a folder named {PREFERRED}/ is preferred)")
     return best, None
@@ -188,9 +222,21 @@ def take(entry: Path, dest: Path, *, wanted: list[str] | None = None,
          max_file_bytes: int = MAX_FILE_BYTES, max_entries: int = MAX_ENTRIES) -> Submission:
     """Validate one submission entry and copy its graded files into `dest` (created, must not exist).
 
-    Never raises for anything the student controls: problems land in the returned Submission."""
+    Never raises: problems land in the returned Submission. Whatever escapes the checks below (a
+    zipfile or OS quirk nobody listed) rejects the entry with the exception's type, so that one
+    hostile upload costs its own grade, never the batch."""
     wanted = list(wanted or all_graded_files())
     sub = Submission(name=student_name(entry), source=str(entry))
+    try:
+        return _take(entry, dest, sub, wanted, max_file_bytes, max_entries)
+    except Exception as e:  # noqa: BLE001 -- see above; MemoryError and RecursionError included
+        sub.files, sub.dir, sub.missing = {}, None, []
+        sub.error = f"intake could not read the submission ({type(e).__name__}); check that it is a plain folder or zip"
+        return sub
+
+
+def _take(entry: Path, dest: Path, sub: Submission, wanted: list[str], max_file_bytes: int,
+          max_entries: int) -> Submission:
     try:
         st = os.lstat(entry)
     except OSError as e:
@@ -239,20 +285,23 @@ def _read_dir(root: Path, wanted: set[str], sub: Submission, max_bytes: int, max
     stack: list[tuple[Path, str, int]] = [(root, "", 0)]
     while stack:
         folder, rel, depth = stack.pop()
+        entries = []
         try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            with os.scandir(folder) as it:
+                for e in it:  # counted while listing: a folder of a million files stops early
+                    entries.append(e)
+                    if count + len(entries) > max_entries:
+                        raise _Reject(f"more than {max_entries} files and folders; submit only your code")
         except OSError as e:
-            _reject(sub, rel or ".", f"cannot read folder ({e.strerror})")
+            _reject(sub, rel or ".", f"cannot read folder ({_describe(e)})")
             continue
-        for e in entries:
-            count += 1
-            if count > max_entries:
-                raise _Reject(f"more than {max_entries} files and folders; submit only your code")
+        count += len(entries)
+        for e in sorted(entries, key=lambda e: e.name):
             path = f"{rel}/{e.name}" if rel else e.name
             try:
                 st = e.stat(follow_symlinks=False)
             except OSError as err:
-                _reject(sub, path, f"cannot read ({err.strerror})")
+                _reject(sub, path, f"cannot read ({_describe(err)})")
                 continue
             if stat.S_ISLNK(st.st_mode):
                 _reject(sub, path, "symbolic link (links are not followed)")
@@ -282,17 +331,56 @@ def _read_capped(path: Path, max_bytes: int) -> bytes:
         return f.read(max_bytes + 1)
 
 
+EOCD = struct.Struct("<4s4H2LH")  # end of central directory: signature, disks, entries here, entries, size, offset
+ZIP64_LOCATOR = struct.Struct("<4sLQL")
+ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")
+CD_ENTRY_MAX_BYTES = 1024  # an honest central directory spends ~100 bytes per entry
+
+
+def _zip_directory_size(path: Path) -> tuple[int, int] | None:
+    """(entries, central directory bytes) from the zip's end record, read from the file's last
+    64 KiB before the central directory is parsed (a zip bomb's directory may hold millions of
+    entries); None when no end record is found (zipfile then says why)."""
+    with open(path, "rb", buffering=0) as f:
+        size = f.seek(0, os.SEEK_END)
+        tail_at = max(0, size - (EOCD.size + 0xFFFF))
+        f.seek(tail_at)
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < EOCD.size:
+            return None
+        _, _, _, _, entries, cd_size, _, _ = EOCD.unpack_from(tail, at)
+        loc = at - ZIP64_LOCATOR.size
+        if loc >= 0 and tail[loc:loc + 4] == b"PK\x06\x07":
+            _, _, eocd64_at, _ = ZIP64_LOCATOR.unpack_from(tail, loc)
+            f.seek(min(eocd64_at, size))
+            rec = f.read(ZIP64_EOCD.size)
+            if len(rec) == ZIP64_EOCD.size and rec[:4] == b"PK\x06\x06":
+                fields = ZIP64_EOCD.unpack(rec)
+                entries, cd_size = max(entries, fields[7]), max(cd_size, fields[8])
+        return entries, cd_size
+
+
+def _member_path(name: str) -> str:
+    """A member's path as intake uses it: '/' separators, no '.' or empty components. Two members
+    that normalise alike name the same file (which of them would be graded is ambiguous)."""
+    return "/".join(p for p in name.split("/") if p not in ("", "."))
+
+
 def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
+    counted = _zip_directory_size(path)
+    if counted and (counted[0] > max_entries or counted[1] > max_entries * CD_ENTRY_MAX_BYTES):
+        raise _Reject(f"zip has {counted[0]} entries in a {counted[1]}-byte directory (more than {max_entries} "
+                      "entries allowed); submit only your code")
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
-        raise _Reject(f"not a readable zip file ({e})") from None
+    except Exception as e:  # noqa: BLE001 -- BadZipFile, OSError, and the rest (NotImplementedError: a version > 6.3)
+        raise _Reject(f"not a readable zip file ({_describe(e)})") from None
     with zf:
         infos = zf.infolist()
         if len(infos) > max_entries:
             raise _Reject(f"zip has {len(infos)} entries (more than {max_entries}); submit only your code")
-        candidates: dict[str, list[str]] = {}
-        members: dict[str, zipfile.ZipInfo] = {}
+        graded: dict[str, list[zipfile.ZipInfo]] = {}  # normalised path -> its members
         for info in infos:
             name = _zip_name(info.filename)
             why = _unsafe_member(name)
@@ -302,23 +390,33 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
             if stat.S_ISLNK(info.external_attr >> 16):
                 _reject(sub, name, "symbolic link entry (links are not followed)")
                 continue
-            if info.is_dir() or name.endswith("/"):
+            if name.endswith("/") or stat.S_ISDIR(info.external_attr >> 16):
                 continue
-            parts = PurePosixPath(name).parts
+            norm = _member_path(name)
+            if not norm:  # "" or ".": zipfile's own is_dir() would fail on the first
+                _reject(sub, info.filename, "member has no file name")
+                continue
+            parts = norm.split("/")
             if any(p in SKIP_DIRS for p in parts[:-1]):
                 continue
-            base = parts[-1]
-            if base in wanted:
-                if info.flag_bits & 0x1:
-                    _reject(sub, name, "encrypted zip entry")
-                elif info.file_size > max_bytes:
-                    _reject(sub, name, f"file too large ({info.file_size} bytes > {max_bytes})")
-                else:
-                    norm = str(PurePosixPath(*parts))
-                    candidates.setdefault(base, []).append(norm)
-                    members[norm] = info
+            if parts[-1] in wanted:
+                graded.setdefault(norm, []).append(info)
             else:
                 _ignore(sub, name)
+        candidates: dict[str, list[str]] = {}
+        members: dict[str, zipfile.ZipInfo] = {}
+        for norm, found in sorted(graded.items()):
+            info = found[0]
+            if len(found) > 1:  # zipfile would silently read the last one: refuse to guess
+                _reject(sub, norm, f"ambiguous: the zip holds {len(found)} members for this path (after "
+                                   "normalising '\\', './' and '//'); zip one copy of each file")
+            elif info.flag_bits & 0x1:
+                _reject(sub, norm, "encrypted zip entry")
+            elif info.file_size > max_bytes:
+                _reject(sub, norm, f"file too large ({info.file_size} bytes > {max_bytes})")
+            else:
+                candidates.setdefault(norm.rsplit("/", 1)[-1], []).append(norm)
+                members[norm] = info
 
         def read(p: str) -> bytes:
             with zf.open(members[p]) as f:  # read at most max_bytes+1: the header's size may lie
@@ -326,8 +424,8 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
 
         try:
             return _collect(candidates, wanted, sub, max_bytes, read)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
-            raise _Reject(f"corrupt zip file ({e})") from None
+        except Exception as e:  # noqa: BLE001 -- BadZipFile (a bad CRC), zlib.error, EOFError, ...
+            raise _Reject(f"corrupt zip file ({_describe(e)})") from None
 
 
 def _ignore(sub: Submission, path: str) -> None:
@@ -354,7 +452,7 @@ def _collect(candidates: dict[str, list[str]], wanted: set[str], sub: Submission
             try:
                 data = read(p)
             except OSError as e:
-                _reject(sub, p, f"cannot read ({e.strerror or type(e).__name__})")
+                _reject(sub, p, f"cannot read ({_describe(e)})")
                 continue
             why = check_source(name, data, max_bytes)
             if why:

@@ -1,5 +1,8 @@
 """Batch autograder: intake rules, the sandbox, and the batch machinery (with a fake grade function).
 
+Also: formula-safe CSV cells, hidden entries, case-insensitive ids, the set-up check (the reference
+must score full marks), one-line command-line errors, and merge's checks on malformed shards.
+
 The batch runs here with `grader="test_batch:fake_grade"`: a stand-in for autograder.engine.grade
 that scores a part by markers in its file, and can hang, raise or kill its judge on request. The
 real engine is exercised by tests/test_redteam.py (the same batch, sandboxed, on real code).
@@ -38,6 +41,7 @@ def fake_grade(impl_dir, *, parts=None, test_sets=("public",), worker_prefix=Non
     from autograder.engine import load_rubric
 
     rubric = load_rubric()
+    reference = Path(impl_dir).resolve() == ROOT / "solutions"
     rows, tests = [], []
     for p in rubric.parts:
         if parts and p.number not in parts:
@@ -49,7 +53,7 @@ def fake_grade(impl_dir, *, parts=None, test_sets=("public",), worker_prefix=Non
             raise RuntimeError("grading blew up")
         if "DIE" in text:
             os._exit(3)
-        ok = "CORRECT" in text
+        ok = "CORRECT" in text or reference  # the reference scores full marks (the batch checks that first)
         rows.append({"part": p.number, "name": p.name, "points": float(p.points) if ok else 0.0,
                      "max_points": float(p.points), "passed": int(ok), "total": 2, "status": "ok" if ok else "failed",
                      "first_failure": None if ok else {"test": f"public/test_part{p.number}.py::t", "message": "wrong"}})
@@ -286,6 +290,12 @@ def test_the_cli_refuses_bad_arguments(tmp_path):
     assert r.returncode != 0 and "is not a folder" in r.stderr
     r = run(str(tmp_path), "--out", str(tmp_path / "o"), "--shard", "4/3")
     assert r.returncode != 0 and "1 <= i <= n" in r.stderr
+    for bad in (["--parts", "a"], ["--parts", "9"], ["--limit", "call_timeout=60"]):  # argparse's and ours
+        r = run(str(tmp_path), "--out", str(tmp_path / "o"), *bad)
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    r = run("merge", str(tmp_path / "nope"), "--out", str(tmp_path / "m"))
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "no grades.csv" in r.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +312,8 @@ class _FakeJudge:
     def send(self, msg) -> None:
         self.sent.append(msg)
         if msg[0] == "calibrate":
-            self._reply = ("error", "boom") if self.fail else ("ok", {f"part{n}.fn": 0.01 * n for n in msg[1]})
+            self._reply = ("error", "boom") if self.fail else ("ok", {f"part{n}.fn": 0.01 * n for n in msg[1]},
+                                                                 {"points": 1.0, "max_points": 1.0, "tests": 1})
 
     def poll(self, timeout=None) -> bool:
         return self._reply is not None
@@ -339,3 +350,224 @@ def test_calibration_that_fails_in_one_judge_scales_nothing():
     info = _calibrate_in_judges(judges, options, timeout_s=5)
     assert info["scaled"] is False and "boom" in info["reason"]
     assert "call_timeouts" not in options.limits and all(m[0] == "calibrate" for j in judges for m in j.sent)
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile ids and cells, hidden entries, the set-up check, the command line, merge
+
+
+def fake_grade_no_tests(impl_dir, *, parts=None, **_):
+    """A grader whose tests are not where it looks: nothing runs, the reference scores 0/0."""
+    return {"parts": [], "total": 0.0, "max_total": 0.0, "tests": [], "errors": ["no tests collected"], "hashes": {}}
+
+
+FORMULA = ("=", "+", "-", "@", "\t", "\r", "|", "%", "\uff1d")
+
+
+@pytest.mark.parametrize("text", ["=1+1", "+cmd", "-2+3", "@SUM(1)", "\t=x", "  =x", "\uff1dx", "|calc", "%x"])
+def test_cell_neutralises_what_a_spreadsheet_would_run(text):
+    from instructor.batch import _cell
+
+    assert _cell(text).startswith("'") and _cell(text)[1:] == text
+    assert _cell("alice") == "alice" and _cell("") == ""
+
+
+def test_no_text_cell_a_submission_sets_starts_like_a_formula(tmp_path):
+    from instructor.batch import Graded, _cell, write_grades_csv
+
+    subs = tmp_path / "subs"
+    for name in ("+cmd", "-2+3", "@SUM(1)", "=HYPERLINK(x)", "%x", "|x"):
+        _submission(subs / name, {"online_softmax.py": "CORRECT"})
+    (subs / "=evil.txt").write_text("not a submission")
+    _batch(subs, tmp_path / "out", jobs=0)
+    rows = _rows(tmp_path / "out")
+    assert len(rows) == 7
+    for r in rows.values():
+        for col in ("student", "source", "reason"):
+            assert not r[col].lstrip(" ").startswith(FORMULA) or r[col].startswith("'"), (col, r[col])
+        assert r["student"][0].isalnum() and (tmp_path / "out" / r["student"] / "feedback.md").is_file()
+    assert {r["source"] for r in rows.values()} >= {"'+cmd", "'-2+3", "'@SUM(1)", "'=HYPERLINK(x)", "'=evil.txt"}
+    # the reason column goes through the same function (a reason quoting a submission's own text)
+    g = Graded(name="a", source="a", status="rejected", reason="=cmd|' /C calc'!A0",
+               view={"parts": [], "total": 0, "max_total": 0})
+    write_grades_csv(tmp_path / "g.csv", [g], [1])
+    row = next(csv.DictReader((tmp_path / "g.csv").open()))
+    assert row["reason"] == _cell("=cmd|' /C calc'!A0") == "'=cmd|' /C calc'!A0"
+
+
+def test_hidden_entries_are_listed_as_skipped_and_ids_differ_ignoring_case(tmp_path, capsys):
+    from instructor.batch import print_summary
+
+    subs = tmp_path / "subs"
+    _submission(subs / "Alice", {"online_softmax.py": "CORRECT"})
+    with zipfile.ZipFile(_mkdir(subs) / "alice.zip", "w") as z:
+        z.writestr("online_softmax.py", "CORRECT")
+    _submission(subs / ".bob", {"online_softmax.py": "CORRECT"})
+    (subs / ".DS_Store").write_bytes(b"\0\0")
+    summary = _batch(subs, tmp_path / "out", jobs=0)
+    rows = _rows(tmp_path / "out")
+    assert len(rows) == 2 and len({n.lower() for n in rows}) == 2, sorted(rows)
+    assert {r["source"] for r in rows.values()} == {"Alice", "alice.zip"}
+    assert [s["source"] for s in summary["skipped"]] == [".DS_Store", ".bob"]
+    assert all("dot" in s["reason"] for s in summary["skipped"])
+    print_summary(summary, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "skipped 2 hidden entries" in err and ".bob" in err
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _one_line_error(args: list[str], capsys) -> str:
+    """main(args) refuses: exit status non-zero, one line on stderr (or in SystemExit), no traceback."""
+    from instructor.batch import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    code = e.value.code
+    text = code if isinstance(code, str) else capsys.readouterr().err
+    assert code not in (0, None) and text.startswith("error: "), (args, code, text)
+    assert len(text.strip().splitlines()) == 1 and "Traceback" not in text, text
+    return text
+
+
+def test_bad_command_lines_get_one_line_each(tmp_path, capsys):
+    subs = _mkdir(tmp_path / "subs")
+    (tmp_path / "afile").write_text("x")
+    out = ["--out", str(tmp_path / "o")]
+    cases = {
+        ("--parts", "a"): "--parts", ("--parts", ","): "--parts", ("--parts", "9"): "part numbers of the rubric",
+        ("--parts", "0"): "part numbers of the rubric", ("--parts", "1,1"): "distinct",
+        ("--timeout", "nan"): "--timeout", ("--timeout", "0"): "--timeout", ("--timeout", "-5"): "--timeout",
+        ("--sets", "bogus"): "--sets", ("--sets", ","): "--sets", ("--jobs", "-3"): "--jobs", ("--jobs", "0"): "--jobs",
+        ("--jobs", "x"): "--jobs", ("--limit", "call_timeout=60"): "call_timeout_s, cpu_s",
+        ("--limit", "call_timeout_s=-1"): "positive", ("--limit", "call_timeout_s=nan"): "finite",
+        ("--limit", "memory_mb=1.5"): "whole", ("--limit", "x"): "KEY=NUMBER",
+        ("--tests-dir", str(tmp_path / "nonexist")): "--tests-dir", ("--shard", "0/2"): "1 <= i <= n",
+    }
+    for extra, want in cases.items():
+        assert want in _one_line_error([str(subs), *out, *extra], capsys), extra
+    assert "is a file" in _one_line_error([str(subs), "--out", str(tmp_path / "afile")], capsys)
+    assert "inside the output folder" in _one_line_error([str(subs), "--out", str(tmp_path)], capsys)
+    assert "inside the submissions folder" in _one_line_error([str(subs), "--out", str(subs / "o")], capsys)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_batch_refuses_when_the_reference_does_not_score_full_marks(tmp_path):
+    from instructor.batch import check_reference
+
+    subs = tmp_path / "subs"
+    _submission(subs / "ann", {f: "CORRECT" for f in FILES})
+    options = Options(grader="test_batch:fake_grade_no_tests", scale_timeouts=False)
+    with pytest.raises(SystemExit, match=r"reference solutions score 0/0 \(0 tests run\) with these options"):
+        run_batch(subs, tmp_path / "out", jobs=1, options=options, progress=False, sandbox="off", allow_weak=True)
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+    with pytest.raises(SystemExit, match="score 50/100"):
+        check_reference({"points": 50.0, "max_points": 100.0, "tests": 9}, Options(parts=[1, 2]))
+    with pytest.raises(SystemExit, match="grading the reference solutions failed"):
+        check_reference({"error": "FileNotFoundError: x"}, Options())
+    ok = {"points": 15.0, "max_points": 15.0, "tests": 4}
+    assert check_reference(ok, Options()) is ok
+
+
+def test_the_real_engine_reference_check_catches_a_tests_folder_without_tests(tmp_path):
+    """The real grader: calibrating (one judge, in this process) and fixed limits alike."""
+    subs = tmp_path / "subs"
+    _submission(subs / "ann", {})
+    empty = _mkdir(tmp_path / "no-tests")
+    for scale in (True, False):
+        options = Options(parts=[1], test_sets=("public",), tests_dir=str(empty), scale_timeouts=scale)
+        with pytest.raises(SystemExit, match=r"the reference solutions score 0/15 \(0 tests run\)"):
+            run_batch(subs, tmp_path / f"out{scale}", jobs=0, options=options, progress=False, sandbox="off",
+                      allow_weak=True)
+
+
+def test_calibration_in_judges_sums_the_reference_score_of_every_share():
+    from instructor.batch import _calibrate_in_judges
+
+    judges = [_FakeJudge(0), _FakeJudge(1)]
+    info = _calibrate_in_judges(judges, Options(), timeout_s=5)
+    assert info["reference"]["points"] == 2.0 and info["reference"]["tests"] == 2
+    info = _calibrate_in_judges([_FakeJudge(0), _FakeJudge(1, fail=True)], Options(), timeout_s=5)
+    assert "boom" in info["reference"]["error"]
+
+
+@pytest.fixture(scope="module")
+def shards(folder, tmp_path_factory):
+    """The module's folder (5 entries) in 6 shards: the 6th is empty."""
+    base = tmp_path_factory.mktemp("shards")
+    for i in (1, 2, 3, 4, 5, 6):
+        _batch(folder, base / f"s{i}", jobs=0, shard=(i, 6))
+    return base, [base / f"s{i}" for i in (1, 2, 3, 4, 5, 6)]
+
+
+def test_an_empty_shard_has_the_part_columns_and_a_complete_set_merges(shards, full, tmp_path):
+    base, dirs = shards
+    assert (dirs[5] / "grades.csv").read_text().splitlines()[0] == (full[0] / "grades.csv").read_text().splitlines()[0]
+    merged = merge(dirs, tmp_path / "m")
+    assert merged.read_bytes() == (full[0] / "grades.csv").read_bytes()
+
+
+def _copy(dirs: list[Path], tmp_path: Path) -> list[Path]:
+    copies = []
+    for d in dirs:
+        shutil.copytree(d, tmp_path / "c" / d.name)
+        copies.append(tmp_path / "c" / d.name)
+    return copies
+
+
+def _summary_edit(d: Path, **changes) -> None:
+    s = json.loads((d / "summary.json").read_text())
+    s.update(changes)
+    (d / "summary.json").write_text(json.dumps(s))
+
+
+@pytest.mark.parametrize("damage, want", [
+    (lambda d: (d / "summary.json").write_text("{not json"), "summary.json: not valid JSON"),
+    (lambda d: (d / "summary.json").write_text("[]"), "summary.json: holds a list"),
+    (lambda d: _summary_edit(d, shard="1/6"), '"shard" is "1/6"'),
+    (lambda d: _summary_edit(d, shard=[3, 2]), "out of range"),
+    (lambda d: _summary_edit(d, shard=[True, 6]), '"shard" is'),
+    (lambda d: _summary_edit(d, entries=["ann"]), "entry list does not match"),
+    (lambda d: (d / "grades.csv").write_bytes(b"student,\xff\n"), "grades.csv: not UTF-8"),
+    (lambda d: (d / "grades.csv").write_text(""), "grades.csv: empty"),
+    (lambda d: (d / "grades.csv").write_text((d / "grades.csv").read_text().replace("ann,", "../etc,", 1)),
+     "not one of the run's student ids"),
+    (lambda d: (d / "grades.csv").write_text((d / "grades.csv").read_text().replace(",part6", "", 1)), "columns"),
+])
+def test_merge_refuses_malformed_shards_in_one_line_naming_the_file_before_copying(shards, tmp_path, damage, want):
+    _, dirs = shards
+    copies = _copy(dirs, tmp_path)
+    damage(copies[0])
+    with pytest.raises(SystemExit) as e:
+        merge(copies, tmp_path / "m")
+    msg = str(e.value.code)
+    assert want in msg and str(copies[0]) in msg and len(msg.splitlines()) == 1, msg
+    assert not (tmp_path / "m").exists()
+
+
+def test_merge_refuses_shards_cut_from_other_folders_or_graded_differently(folder, shards, tmp_path):
+    _, dirs = shards
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    shutil.rmtree(other / "ben")  # one student fewer: without the entry lists, ben would silently be missing
+    _batch(other, tmp_path / "o2", jobs=0, shard=(2, 6))
+    with pytest.raises(SystemExit, match="cut from different submission folders"):
+        merge([*dirs[:1], tmp_path / "o2", *dirs[2:]], tmp_path / "m1")
+    options = Options(grader="test_batch:fake_grade", test_sets=("public", "hidden"), limits={"memory_mb": 2048})
+    run_batch(folder, tmp_path / "o3", jobs=0, shard=(3, 6), options=options, progress=False, sandbox="off")
+    with pytest.raises(SystemExit, match=r"graded differently \(they differ in limits\)"):
+        merge([*dirs[:2], tmp_path / "o3", *dirs[3:]], tmp_path / "m2")
+    options = Options(grader="test_batch:fake_grade", test_sets=("public",))
+    run_batch(folder, tmp_path / "o4", jobs=0, shard=(4, 6), options=options, progress=False, sandbox="off")
+    with pytest.raises(SystemExit, match="differ in test_sets"):
+        merge([*dirs[:3], tmp_path / "o4", *dirs[4:]], tmp_path / "m3")
+    copies = _copy(dirs, tmp_path)
+    (copies[1] / "grades.csv").write_text((copies[1] / "grades.csv").read_text().splitlines()[0] + "\n")
+    with pytest.raises(SystemExit, match="no shard has a row for ben"):
+        merge(copies, tmp_path / "m4")
+    with pytest.raises(SystemExit, match="inside the shard folder"):
+        merge(dirs, dirs[0] / "all")
+    assert not any((tmp_path / m).exists() for m in ("m1", "m2", "m3", "m4")) and not (dirs[0] / "all").exists()

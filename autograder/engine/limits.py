@@ -1,9 +1,9 @@
 """Limits: per-call and per-worker limits of the engine (rubric [limits], per part, or grade(limits=))."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any
-
 
 
 @dataclass
@@ -29,3 +29,35 @@ class Limits:
         known = {k: v for k, v in overrides.items() if k in self.__dataclass_fields__}
         return Limits(**{**self.__dict__, **known})
 
+
+
+# the smallest value that makes sense for a numeric limit (0 where "none" is meaningful)
+MINIMUM: dict[str, float] = {"output_keep_bytes": 0}
+
+
+def check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Limit overrides given by a person (the batch's --limit): the same keys with values of the
+    field's type, or ValueError saying what is wrong. `updated` drops unknown keys (the rubric may
+    be newer than the engine); a person's typo must not silently grade with the default instead."""
+    by_name = {f.name: f for f in fields(Limits) if f.name != "call_timeouts"}
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        f = by_name.get(key)
+        if f is None:
+            raise ValueError(f"unknown limit {key!r}; the limits are {', '.join(sorted(by_name))}")
+        kind = type(getattr(Limits(), key))
+        if kind is bool:
+            if value not in (0, 1, True, False):
+                raise ValueError(f"limit {key} is on or off: give 1 or 0, not {value!r}")
+            out[key] = bool(value)
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"limit {key} needs a finite number, not {value!r}")
+        if kind is int and value != int(value):
+            raise ValueError(f"limit {key} needs a whole number, not {value!r}")
+        low = MINIMUM.get(key)
+        if (low is None and value <= 0) or (low is not None and value < low):
+            need = "positive" if low is None else f"at least {low:g}"
+            raise ValueError(f"limit {key} must be {need}, not {value!r}")
+        out[key] = int(value) if kind is int else float(value)
+    return out
