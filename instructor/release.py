@@ -349,14 +349,23 @@ def _makedirs(out: Path, rel: str) -> None:
 
 
 def _write(out: Path, rel: str, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` at `out / rel`, never through a symlink (O_NOFOLLOW on the file itself, _dest
-    and _makedirs for the folders above it)."""
+    """Write `data` at `out / rel` as a new file that replaces the old one: never through a symlink
+    (_dest and _makedirs check the path, O_NOFOLLOW | O_EXCL the temporary file) nor into a file
+    hard-linked from elsewhere (the old inode is not written to, only unlinked by the rename)."""
     path = _dest(out, rel)
     _makedirs(out, rel)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), mode)  # the source's bits, whatever the umask (as shutil.copy2 did)
-        f.write(data)
+    tmp = path.with_name(f".{path.name}.release-tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # the source's bits, whatever the umask (as shutil.copy2 did)
+            f.write(data)
+        os.replace(tmp, _dest(out, rel))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _read_source(rel: str) -> tuple[bytes, int]:

@@ -228,6 +228,20 @@ def test_a_symlink_planted_in_an_existing_release_is_never_written_or_deleted_th
     assert link.is_symlink(), "left as it was: the instructor decides"
 
 
+def test_a_hard_link_planted_in_an_existing_release_is_replaced_not_written_into(release, tmp_path):
+    src, _ = release
+    out = tmp_path / "repo"
+    shutil.copytree(src, out)
+    victim = tmp_path / "victim.py"
+    victim.write_text("keep me\n")
+    (out / "starter" / "online_softmax.py").unlink()
+    os.link(victim, out / "starter" / "online_softmax.py")
+    build(out)
+    assert victim.read_text() == "keep me\n"
+    assert (out / "starter" / "online_softmax.py").read_bytes() == (ROOT / "starter" / "online_softmax.py").read_bytes()
+    assert not list(out.rglob("*.release-tmp"))
+
+
 def _fake_repo(root: Path) -> Path:
     for folder in rel.STUDENT:
         (root / folder).mkdir(parents=True)
