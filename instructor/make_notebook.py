@@ -57,6 +57,10 @@ def build_notebook() -> nbformat.NotebookNode:
                       for p in rubric.parts)
     intro = (
         "# FlashAttention from the ground up\n\n"
+        "> **Instructors: grade this notebook only with the course kit's `nbgrader_config.py`**\n"
+        "> (`instructor/nbgrader_course/`, the repository on `PYTHONPATH`). It grades the code with the course's\n"
+        "> engine and no notebook kernel. Any other configuration runs the notebook in a kernel, which the\n"
+        "> notebook's own code controls: the points it gives mean nothing.\n\n"
         "Write your code where a cell says `# YOUR CODE HERE` (replace the `raise NotImplementedError`).\n"
         f"Each code cell writes one file into the package `{PACKAGE}/` when you run it, so later parts can\n"
         f"import earlier ones (`from .flash_forward import flash_forward`) and you can try them:\n"
@@ -95,9 +99,10 @@ def build_notebook() -> nbformat.NotebookNode:
             f"    r = subprocess.run([sys.executable, '-m', 'autograder.grade', '--impl', {PACKAGE!r},\n"
             f"                        '--part', '{part.number}'], capture_output=True, text=True)\n"
             "    print(r.stdout[-8000:] + r.stderr[-2000:])\n"
-            "# Fail closed: a kernel run of this cell never earns points; only the engine's grade does.\n"
-            f"raise AssertionError('part {part.number} is graded by the course engine (nbgrader autograde with its config), '\n"
-            "                     'not by running this cell: a kernel run scores 0')"
+            "# Graded only by the course engine: the kit's nbgrader_config.py starts no kernel and stores only the\n"
+            "# engine's points. This line is no defence on its own (a kernel run can be made to skip it).\n"
+            f"raise AssertionError('part {part.number} is graded by the course engine (nbgrader autograde with the kit\\'s '\n"
+            "                     'nbgrader_config.py), not by running this cell')"
         )
         cells.append(new_code_cell(test, metadata=_meta(part_grade_id(part.number), grade=True, locked=True,
                                                         points=float(part.points))))

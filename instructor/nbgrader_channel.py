@@ -15,10 +15,15 @@ Design (the engine, not the notebook kernel, decides the points):
   partial credit, so the gradebook, `nbgrader export` and `nbgrader generate_feedback` all show
   the engine's points and messages.
 - Fail closed: EngineGrade first replaces every test cell's outputs with an error (0 points) and
-  only the engine's result replaces that; the test cells' own code raises, so a kernel run (e.g.
-  nbgrader's default Execute, if the config did not load) gives 0 too. A config or engine import
-  error stops nbgrader with a non-zero exit (nbgrader_config.py); a sandbox that is not
-  available stops the run unless c.EngineGrade.allow_weak_sandbox = True.
+  only the engine's result replaces that. A kernel run is NOT a defence (a student's cell can
+  rewrite the later cells before they run, e.g. with get_ipython().input_transformers_cleanup), so
+  the defence is outside the kernel, in nbgrader_config.py, and holds whatever preprocessor list
+  is given on the command line: no kernel can start (NO_KERNEL), and `guard_save_autogrades`
+  makes nbgrader's SaveAutoGrades store, for each autograded cell, the points EngineGrade gave it
+  in this process, and 0 for any cell it did not grade. A config or engine import error stops
+  nbgrader with a non-zero exit (nbgrader_config.py); a sandbox that is not available stops the
+  run unless c.EngineGrade.allow_weak_sandbox = True. A course that grades the notebook with a
+  config of its own runs none of this: the notebook says so on top.
 
     python -m instructor.nbgrader_channel extract NOTEBOOK --out DIR   # the .py files of a notebook
 """
@@ -102,14 +107,60 @@ def part_feedback(part: dict, tests: list[dict], notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The kernel name nbgrader_config.py gives every notebook client: no such kernel exists, so any
+# kernel execution (nbgrader's Execute, nbconvert's ExecutePreprocessor) fails before it starts.
+NO_KERNEL = "no-kernel--the-kits-nbgrader_config-grades-with-EngineGrade"
+
+# The points EngineGrade gave each autograded cell in this process, by (assignment, student,
+# notebook, grade_id); the SaveAutoGrades guard takes each entry once. Nothing a notebook holds can
+# add an entry: it lives in the grading process, not in the notebook.
+_ENGINE_POINTS: dict[tuple[str, str, str, str], float] = {}
+
+
+def _points_key(resources: dict, grade_id: str) -> tuple[str, str, str, str]:
+    nb = resources.get("nbgrader", {})
+    return (str(nb.get("assignment")), str(nb.get("student")), str(nb.get("notebook")), str(grade_id))
+
+
+def guard_save_autogrades() -> None:
+    """Make nbgrader's SaveAutoGrades store the engine's points only: a cell EngineGrade did not
+    grade in this process scores 0, whatever its outputs say. Why here, patched from
+    nbgrader_config.py: `--Autograde.autograde_preprocessors=[...Execute, ...SaveAutoGrades]` on
+    the command line replaces the list the config sets, but the config file still loads, and this
+    class is the one that writes autograder scores to the gradebook."""
+    from nbgrader.preprocessors import SaveAutoGrades
+
+    if getattr(SaveAutoGrades._add_score, "engine_guard", False):
+        return
+    original = SaveAutoGrades._add_score
+
+    def _add_score(self: Any, cell: Any, resources: dict) -> None:
+        original(self, cell, resources)
+        grade_id = cell.metadata["nbgrader"]["grade_id"]
+        engine = _ENGINE_POINTS.pop(_points_key(resources, grade_id), None)
+        grade = self.gradebook.find_grade(grade_id, self.notebook_id, self.assignment_id, self.student_id)
+        if engine is not None and grade.auto_score == engine:
+            return
+        if grade.auto_score:
+            self.log.error("refusing %s points for %s of %s: not the course engine's grade (grade only with the "
+                           "kit's nbgrader_config.py, which runs EngineGrade); scored 0",
+                           grade.auto_score, grade_id, self.student_id)
+        grade.auto_score = 0.0
+        grade.needs_manual_grade = grade.manual_score is not None
+        self.gradebook.db.commit()
+
+    _add_score.engine_guard = True  # type: ignore[attr-defined]
+    SaveAutoGrades._add_score = _add_score
+
+
 class EngineGrade(NbGraderPreprocessor):
     """nbgrader preprocessor: grade the notebook's code with instructor.grading.grade_one and put
     each part's points and feedback into its autograded test cell (replaces kernel execution).
 
-    Fail closed: a test cell's own code raises (instructor/make_notebook.py), so a cell the
-    engine did not grade scores 0 even if some other configuration runs the notebook in a kernel;
-    a sandbox that is not available stops the run (NotGradable, nbgrader exits non-zero) unless
-    `allow_weak_sandbox` is set."""
+    Fail closed: every test cell first gets an error output (0 points); only the engine's result
+    replaces it, and is recorded in _ENGINE_POINTS, the only points guard_save_autogrades lets
+    SaveAutoGrades store. A sandbox that is not available stops the run (NotGradable, nbgrader
+    exits non-zero) unless `allow_weak_sandbox` is set."""
 
     test_sets = List(["public", "hidden"], help="engine test sets").tag(config=True)
     parts = List([], help="part numbers to grade (default: all in the rubric)").tag(config=True)
@@ -123,6 +174,8 @@ class EngineGrade(NbGraderPreprocessor):
         test_cells = {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
                       if c.get("cell_type") == "code" and c.get("metadata", {}).get("nbgrader", {}).get("grade")}
         student = resources.get("nbgrader", {}).get("student", "?")
+        for grade_id in test_cells:  # nothing recorded before for this notebook counts
+            _ENGINE_POINTS.pop(_points_key(resources, grade_id), None)
         for cell in test_cells.values():  # nothing of a kernel run counts: only what the engine writes below
             cell.outputs = [_error("NotGraded", "this cell was not graded by the course's engine")]
             cell.execution_count = None
@@ -155,6 +208,7 @@ class EngineGrade(NbGraderPreprocessor):
                 new_output("stream", name="stdout", text=part_feedback(row, tests, mine) + f"sandbox: {view['sandbox']}\n"),
                 new_output("execute_result", data={"text/plain": repr(round(points, 4))}, execution_count=None),
             ]
+            _ENGINE_POINTS[_points_key(resources, part_grade_id(row["part"]))] = round(points, 4)
         self.log.info("engine grade for %s: %s / %s (%s; sandbox: %s)", student, view["total"], view["max_total"],
                       graded.status, view["sandbox"])
         return nb, resources

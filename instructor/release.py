@@ -12,7 +12,9 @@ requirements.txt + requirements.lock (the student set: requirements-student.txt/
 and the GitHub Classroom workflow (.github/workflows/classroom.yml).
 
 Rebuilding into an existing release replaces only the files this command wrote last time (listed in
-MANIFEST); anything else there, a `.git` folder included, is kept.
+MANIFEST); anything else there, a `.git` folder included, is kept. Every path written or deleted
+must lie inside the release folder with no symlink on the way, and the source tree may hold no
+symlink (both refused with one line, before anything is touched: `_dest`, `shipped_files`).
 
 Every release is scanned before this command succeeds (`scan`): no canary string (listed in
 instructor/canaries.txt, plus any `CANARY-...` token found in solutions/ or the hidden tests), no
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
 import shutil
 import sys
@@ -254,13 +257,25 @@ def student_grader_readme() -> str:
 
 
 def shipped_files() -> list[str]:
-    """Relative paths of every file of the student folders that ships as it is."""
+    """Relative paths of every file of the student folders that ships as it is.
+
+    A symlink anywhere in a student folder (or a student folder that is one) is refused, not
+    followed and not skipped: copying through it would ship whatever it points to, and skipping it
+    would silently drop a file. Replace it with the regular file or folder."""
     out = []
     for folder in STUDENT:
-        for f in sorted((ROOT / folder).rglob("*")):
+        for f in [ROOT / folder, *sorted((ROOT / folder).rglob("*"))]:
             rel = f.relative_to(ROOT)
-            if f.is_dir() or f.is_symlink() or SKIP & set(rel.parts) or f.suffix in (".pyc", ".pyo"):
+            if SKIP & set(rel.parts):
                 continue
+            if f.is_symlink():
+                raise SystemExit(f"error: {rel.as_posix()} is a symlink; the release copies regular files only: "
+                                 "replace it with the file or folder it points to")
+            if f.is_dir() or f.suffix in (".pyc", ".pyo"):
+                continue
+            if not f.is_file():
+                raise SystemExit(f"error: {rel.as_posix()} is not a regular file (a pipe, socket or device); "
+                                 "remove it from the student folder")
             if rel.as_posix() in INSTRUCTOR_FILES:
                 continue
             out.append(rel.as_posix())
@@ -281,40 +296,126 @@ def generated_files() -> dict[str, str]:
     }
 
 
+def _dest(out: Path, rel: object) -> Path:
+    """`out / rel` for a path the release writes or deletes, refused (one line naming it) unless it
+    is a plain relative path that stays inside `out`, outside its `.git`, and passes through no
+    symlink: a tampered manifest or a link planted in an existing release must not make a rebuild
+    write or delete anything elsewhere."""
+    where = f"{out}/{rel}" if isinstance(rel, str) else repr(rel)
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        raise SystemExit(f"error: refusing the release path {where}: not a plain relative path; "
+                         f"delete {out / MANIFEST} and rebuild into an empty folder")
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or ".git" in parts:
+        raise SystemExit(f"error: refusing the release path {rel!r}: it is not a plain path inside {out} "
+                         f"(outside .git); delete {out / MANIFEST} and rebuild into an empty folder")
+    path = out
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            raise SystemExit(f"error: refusing to write or delete through the symlink {path} in the release; "
+                             "remove it and rebuild")
+    if not path.resolve().is_relative_to(out):
+        raise SystemExit(f"error: refusing the release path {path}: it resolves outside {out}")
+    return path
+
+
 def _previous_manifest(out: Path) -> list[str] | None:
+    """The files the previous release wrote (None: `out` holds no readable manifest). Every entry
+    must be a path `_dest` accepts, else the build is refused before anything is touched."""
+    path = _dest(out, MANIFEST)
     try:
-        return json.loads((out / MANIFEST).read_text(encoding="utf-8"))["files"]
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if not isinstance(files, list):
+        raise SystemExit(f"error: {path} is not a release manifest (its \"files\" is not a list); "
+                         "delete it and rebuild into an empty folder")
+    for rel in files:
+        _dest(out, rel)
+    return files
+
+
+def _makedirs(out: Path, rel: str) -> None:
+    """Create the folders above `out / rel`, one at a time, none of them a symlink (_dest checked
+    the existing ones; this refuses a non-folder in the way)."""
+    path = out
+    for part in rel.split("/")[:-1]:
+        path = path / part
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise SystemExit(f"error: refusing to write the release: {path} is not a folder; remove it and rebuild")
+        if not path.exists():
+            path.mkdir()
+
+
+def _write(out: Path, rel: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` at `out / rel` as a new file that replaces the old one: never through a symlink
+    (_dest and _makedirs check the path, O_NOFOLLOW | O_EXCL the temporary file) nor into a file
+    hard-linked from elsewhere (the old inode is not written to, only unlinked by the rename)."""
+    path = _dest(out, rel)
+    _makedirs(out, rel)
+    tmp = path.with_name(f".{path.name}.release-tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # the source's bits, whatever the umask (as shutil.copy2 did)
+            f.write(data)
+        os.replace(tmp, _dest(out, rel))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_source(rel: str) -> tuple[bytes, int]:
+    """The bytes and permission bits of the repository file `rel`, refused if it or a folder above
+    it is a symlink (shipped_files refuses those; this closes the gap until the read)."""
+    path = ROOT
+    for part in rel.split("/"):
+        path = path / part
+        if path.is_symlink():
+            raise SystemExit(f"error: {path.relative_to(ROOT)} is a symlink; the release copies regular files only: "
+                             "replace it with the file it points to")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(), os.fstat(f.fileno()).st_mode & 0o777
 
 
 def build(out: Path) -> dict:
     """Write the release into `out` and scan it. `out` may be absent, empty, hold only a `.git`, or
-    be a previous release (then the files it wrote are replaced and nothing else is touched)."""
+    be a previous release (then the files it wrote are replaced and nothing else is touched).
+
+    Every path written or deleted goes through `_dest` first (inside `out`, no symlink on the way),
+    and all of them are checked before the first is touched: a refused path leaves `out` as it was."""
     out = Path(out).resolve()
     if out == ROOT or ROOT.is_relative_to(out) or out.is_relative_to(ROOT / "instructor"):
         raise SystemExit(f"error: refusing to write the release over the repository ({out})")
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: {out} is not a folder; remove it or choose another --out")
     previous = _previous_manifest(out) if out.is_dir() else None
     if out.is_dir() and previous is None and any(p.name != ".git" for p in out.iterdir()):
         raise SystemExit(f"error: {out} is not empty (and not a previous release); remove it or choose another --out")
     copied, generated = shipped_files(), generated_files()
     files = sorted(set(copied) | set(generated) | {MANIFEST})
+    for rel in files:  # all checked before anything is written or deleted
+        _dest(out, rel)
+    sources = {rel: _read_source(rel) for rel in copied}
+    out.mkdir(parents=True, exist_ok=True)
     for rel in previous or []:  # files of the previous release that this one no longer has
-        stale = out / rel
-        if rel not in files and stale.is_file() and ".git" not in Path(rel).parts:
+        stale = _dest(out, rel)
+        if rel not in files and stale.is_file():
             stale.unlink()
             for parent in stale.parents:
                 if parent == out or any(parent.iterdir()):
                     break
                 parent.rmdir()
-    for rel in copied:
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, out / rel)
+    for rel, (data, mode) in sources.items():
+        _write(out, rel, data, mode)
     for rel, text in generated.items():
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        (out / rel).write_text(text, encoding="utf-8")
-    (out / MANIFEST).write_text(json.dumps({"written_by": "python -m instructor.release (make release)",
-                                            "files": files}, indent=1) + "\n", encoding="utf-8")
+        _write(out, rel, text.encode("utf-8"))
+    _write(out, MANIFEST, (json.dumps({"written_by": "python -m instructor.release (make release)",
+                                       "files": files}, indent=1) + "\n").encode("utf-8"))
     problems = scan(out)
     if problems:
         raise SystemExit("error: the release leaks instructor material:\n  " + "\n  ".join(problems[:20]))

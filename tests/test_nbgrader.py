@@ -178,9 +178,9 @@ def test_outside_the_repository_without_pythonpath_nbgrader_refuses(tmp_path):
         assert not (course / "autograded" / "untouched" / ASSIGNMENT).exists()  # nbgrader removed the failed one
 
 
-def test_a_test_cell_run_in_a_kernel_never_gives_points(tmp_path):
-    # what nbgrader's default Execute would do with a test cell: run its code. It must raise, so
-    # nbgrader scores the cell 0 whatever the student's code (here: outside the repository)
+def test_a_test_cell_run_plainly_raises(tmp_path):
+    # a test cell run as it is raises (so a plain kernel run fails it); this is no defence on its own,
+    # see the input-transformer tests below: the defence is the kit's config, outside the kernel
     import subprocess
     import sys
 
@@ -190,4 +190,123 @@ def test_a_test_cell_run_in_a_kernel_never_gives_points(tmp_path):
     for cell in cells:
         r = subprocess.run([sys.executable, "-I", "-c", cell.source], cwd=tmp_path, capture_output=True, text=True,
                            timeout=60)
-        assert r.returncode != 0 and "AssertionError" in r.stderr and "a kernel run scores 0" in r.stderr
+        assert r.returncode != 0 and "AssertionError" in r.stderr and "nbgrader_config.py" in r.stderr
+    assert "grade this notebook only with the course kit's `nbgrader_config.py`" in nb.cells[0].source
+
+
+# ---------------------------------------------------------------------------------------------------
+# A student's cell that makes the kernel skip the test cells (nothing in a kernel the student controls
+# can defend): with the kit's config no kernel run scores, even with the preprocessor list replaced.
+
+HACK = ("ip = get_ipython()\n"
+        "ip.input_transformers_cleanup.append(lambda lines: ['pass\\n'] if any('graded by the course engine' in l "
+        "for l in lines) else lines)\n")
+
+
+def _submit_attack(course: Path, student: str) -> None:
+    """The released (starter) notebook with the hack as a cell of the student's own, after the intro."""
+    from nbformat.v4 import new_code_cell
+
+    nb = nbformat.read(course / "release" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    nb.cells.insert(1, new_code_cell(HACK))
+    d = course / "submitted" / student / ASSIGNMENT
+    d.mkdir(parents=True)
+    nbformat.write(nb, d / f"{ASSIGNMENT}.ipynb")
+    (d / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
+
+
+def _scores(course: Path, student: str) -> dict:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        try:
+            nb = gb.find_submission_notebook(ASSIGNMENT, ASSIGNMENT, student)
+        except MissingEntry:
+            return {}
+        return {g.name: g.score for g in nb.grades}
+
+
+def _nbgrader(course: Path, *args: str) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([str(Path(sys.executable).parent / "nbgrader"), *args], cwd=course, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+OVERRIDE = "--Autograde.autograde_preprocessors=['nbgrader.preprocessors.Execute','nbgrader.preprocessors.SaveAutoGrades']"
+
+
+def test_the_input_transformer_attack_scores_0_with_the_kits_config(cycle):
+    course = cycle["course"]
+    _submit_attack(course, "mallory")
+    r = _nbgrader(course, "autograde", ASSIGNMENT, "--student", "mallory", "--force")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    scores = _scores(course, "mallory")
+    assert scores and all(v == 0 for v in scores.values()), scores
+
+
+def test_a_preprocessor_override_on_the_command_line_starts_no_kernel(cycle):
+    course = cycle["course"]
+    _submit_attack(course, "mallory_cli")
+    r = _nbgrader(course, "autograde", ASSIGNMENT, "--student", "mallory_cli", "--force", OVERRIDE)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0 and "No such kernel" in log, log[-3000:]
+    assert not any(_scores(course, "mallory_cli").values()), "no points from a failed run"
+
+
+def test_the_gradebook_takes_only_the_engines_points(cycle, tmp_path):
+    """Whatever runs instead of EngineGrade (here: a preprocessor that writes full marks into every
+    test cell, the best a kernel run could do), SaveAutoGrades stores 0 for a cell the engine did not
+    grade; with EngineGrade in the list the engine's points are stored (the cycle above)."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.preprocessors import NbGraderPreprocessor, SaveAutoGrades
+    from nbformat.v4 import new_output
+    from traitlets.config.loader import PyFileConfigLoader
+
+    class FullMarks(NbGraderPreprocessor):
+        def preprocess_cell(self, cell, resources, index):
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+                full = repr(float(cell.metadata["nbgrader"]["points"]))
+                cell.outputs = [new_output("execute_result", data={"text/plain": full}, execution_count=1)]
+            return cell, resources
+
+    course = cycle["course"]
+    _submit_attack(course, "mallory_forge")
+    old_cwd = os.getcwd()
+    os.chdir(course)
+    try:
+        cfg = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+        cfg.Autograde.autograde_preprocessors = [FullMarks, SaveAutoGrades]
+        api = NbGraderAPI(coursedir=CourseDirectory(config=cfg, root=str(course)), config=cfg)
+        assert api.autograde(ASSIGNMENT, "mallory_forge", force=True)["success"]
+    finally:
+        os.chdir(old_cwd)
+    scores = _scores(course, "mallory_forge")
+    assert scores and all(v == 0 for v in scores.values()), scores
+    assert cycle["scores"]["complete"][part_grade_id(1)] == 15, "the engine's own points still go through"
+
+
+def test_even_a_real_kernel_forced_on_the_command_line_scores_0(cycle):
+    """The attack as the tester ran it, with the kernel forced back on: the kernel runs the hack (the
+    test cells are skipped, nbgrader would give full marks) and the gradebook still gets 0."""
+    from jupyter_client.kernelspec import find_kernel_specs
+
+    if "python3" not in find_kernel_specs():
+        pytest.skip("no python3 Jupyter kernel installed")
+    course = cycle["course"]
+    _submit_attack(course, "mallory_kernel")
+    r = _nbgrader(course, "autograde", ASSIGNMENT, "--student", "mallory_kernel", "--force", OVERRIDE,
+                  "--NotebookClient.kernel_name=python3", "--ExecutePreprocessor.kernel_name=python3",
+                  "--Execute.kernel_name=python3")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    graded = nbformat.read(course / "autograded" / "mallory_kernel" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    tests = [c for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert tests and not any(o.output_type == "error" for c in tests for o in c.outputs), \
+        "the hack worked in the kernel: without the guard these cells would score full marks"
+    scores = _scores(course, "mallory_kernel")
+    assert scores and all(v == 0 for v in scores.values()), scores
+    assert "refusing" in r.stdout + r.stderr and "not the course engine's grade" in r.stdout + r.stderr

@@ -158,6 +158,135 @@ def test_rebuilding_keeps_git_and_writes_only_its_own_files(tmp_path):
         build(other)
 
 
+def _one_line_refusal(out: Path, *names: str) -> str:
+    """Rebuild `out`, which must be refused with one line naming each of `names`."""
+    with pytest.raises(SystemExit) as e:
+        build(out)
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    for n in names:
+        assert n in msg, msg
+    return msg
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+@pytest.mark.parametrize("entry", ["../victim.txt", "{abs}", "docs/../../victim.txt", "./../victim.txt",
+                                   ".git/HEAD", "", "docs//../../victim.txt", 7])
+def test_a_tampered_manifest_cannot_make_a_rebuild_delete_anything_else(release, tmp_path, entry):
+    src, _ = release
+    out = tmp_path / "repo"
+    shutil.copytree(src, out)
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    absolute = tmp_path / "elsewhere" / "victim2.txt"
+    absolute.parent.mkdir()
+    absolute.write_text("keep me too\n")
+    entry = str(absolute) if entry == "{abs}" else entry
+    manifest = (out / rel.MANIFEST)
+    data = __import__("json").loads(manifest.read_text())
+    data["files"].append(entry)
+    manifest.write_text(__import__("json").dumps(data))
+    before = _snapshot(out)
+    _one_line_refusal(out, repr(entry) if isinstance(entry, str) and entry else "")
+    assert victim.read_text() == "keep me\n" and absolute.read_text() == "keep me too\n"
+    assert _snapshot(out) == before, "a refused rebuild touches nothing"
+
+
+@pytest.mark.parametrize("planted", ["starter/online_softmax.py", "docs", "docs/handout", rel.MANIFEST,
+                                     ".github/workflows/classroom.yml", "stale"])
+def test_a_symlink_planted_in_an_existing_release_is_never_written_or_deleted_through(release, tmp_path, planted):
+    """A link where the release writes a file (or a folder above one) would make the copy write
+    through it; a listed stale file that is a link would make the rebuild delete through it."""
+    src, _ = release
+    out = tmp_path / "repo"
+    shutil.copytree(src, out)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("keep me\n")
+    if planted == "stale":  # a file of the previous release, gone from this one, replaced by a link
+        manifest = out / rel.MANIFEST
+        manifest.write_text(manifest.read_text().replace('"files": [', '"files": [\n  "docs/old.md",'))
+        planted = "docs/old.md"
+    link = out / planted
+    if link.is_dir():
+        shutil.rmtree(link)
+        (outside / "handout").mkdir()
+        target = outside / "handout"
+    else:
+        link.unlink(missing_ok=True)
+        target = outside / "victim.txt"
+    link.symlink_to(target)
+    before = _snapshot(outside)
+    _one_line_refusal(out, "symlink", str(link))
+    assert _snapshot(outside) == before and (outside / "victim.txt").read_text() == "keep me\n"
+    assert link.is_symlink(), "left as it was: the instructor decides"
+
+
+def test_a_hard_link_planted_in_an_existing_release_is_replaced_not_written_into(release, tmp_path):
+    src, _ = release
+    out = tmp_path / "repo"
+    shutil.copytree(src, out)
+    victim = tmp_path / "victim.py"
+    victim.write_text("keep me\n")
+    (out / "starter" / "online_softmax.py").unlink()
+    os.link(victim, out / "starter" / "online_softmax.py")
+    build(out)
+    assert victim.read_text() == "keep me\n"
+    assert (out / "starter" / "online_softmax.py").read_bytes() == (ROOT / "starter" / "online_softmax.py").read_bytes()
+    assert not list(out.rglob("*.release-tmp"))
+
+
+def _fake_repo(root: Path) -> Path:
+    for folder in rel.STUDENT:
+        (root / folder).mkdir(parents=True)
+        (root / folder / "a.md").write_text("x\n")
+    return root
+
+
+@pytest.mark.parametrize("link", ["starter/online_softmax.py", "docs", "course/sub", "autograder/x.py"])
+@pytest.mark.parametrize("where", ["outside", "inside"])
+def test_a_symlink_in_the_source_tree_is_refused_not_followed(tmp_path, monkeypatch, link, where):
+    """Source symlinks are refused wherever they point (documented choice: copying the file behind
+    the link would ship what it points to, and skipping it would drop a file silently)."""
+    repo = _fake_repo(tmp_path / "repo")
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "answers.py").write_text("SECRET\n")
+    target = (secret / "answers.py" if where == "outside" else repo / "code" / "a.md")
+    if link in ("docs", "course/sub"):
+        if (repo / link).exists():
+            shutil.rmtree(repo / link)
+        target = secret if where == "outside" else repo / "code"
+    (repo / link).symlink_to(target)
+    monkeypatch.setattr(rel, "ROOT", repo)
+    with pytest.raises(SystemExit) as e:
+        rel.shipped_files()
+    assert f"{link} is a symlink" in str(e.value.code) and "\n" not in str(e.value.code)
+    out = tmp_path / "release"
+    with pytest.raises(SystemExit):
+        build(out)
+    assert not out.exists(), "refused before anything is written"
+    with pytest.raises(SystemExit, match="is a symlink"):  # the read refuses a link on its own, too
+        rel._read_source(link if link != "docs" else "docs/answers.py")
+
+
+def test_a_rebuild_keeps_file_modes_and_writes_regular_files(release, tmp_path):
+    src, _ = release
+    out = tmp_path / "repo"
+    shutil.copytree(src, out)
+    build(out)
+    for f in out.rglob("*"):
+        assert not f.is_symlink(), f
+    for r in rel.shipped_files():
+        assert (out / r).stat().st_mode & 0o777 == (ROOT / r).stat().st_mode & 0o777, r
+
+
 def test_student_requirements_have_no_instructor_tools_and_cpu_torch():
     req = (ROOT / "requirements-student.txt").read_text()
     lock = (ROOT / "requirements-student.lock").read_text()

@@ -97,15 +97,29 @@ def block(value: object, limit: int = BLOCK_CHARS, max_lines: int = BLOCK_LINES)
     return out
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~$])")
 _MD_LEAD = re.compile(r"^(\s*)(\d+)([.)])|^(\s*)([-=])")  # a list item or heading underline at the start
+# What GFM's autolinks (https://github.github.com/gfm/#autolinks-extension-) key on, escaped: a `:`
+# before a non-space (any scheme: https://, ftp://, mailto:, xmpp:, javascript:; :emoji: codes
+# too), every `@` (e-mail addresses), and the dot of the `www.` trigger. Other dots stay as they
+# are (conftest.py, 1.5e-03): GFM links no bare domain name.
+_MD_AUTOLINK = re.compile(r":(?=\S)|@|(?<=www)\.", re.IGNORECASE)
 
 
 def markdown(text: str) -> str:
     """Inline markdown that renders as exactly `text` (one line): markdown punctuation is
-    backslash-escaped (emphasis, code, links, tables, headings; a list marker at the start), and
-    the HTML characters become entities."""
+    backslash-escaped (emphasis, code, links, tables, headings, math; a list marker at the start),
+    so is what GFM's autolinks key on (the `:` of a scheme, `@`, the dot of `www.`: a
+    submission-chosen `https://evil.example`, `www.evil.example` or `a@b.example` is not made a
+    link), and the HTML characters become entities.
+
+    Known limits: cmark-gfm (GitHub) finds e-mail addresses after it has merged the text back
+    together, escapes removed, so there `a@b.example` in feedback.md is still a mailto: link (no
+    escape can stop that without changing the text; its www. and https:// autolinks are stopped);
+    and linkify-style renderers that link bare names with a known top-level domain (`evil.com`,
+    markdown-it with linkify) are not GFM and are not defeated."""
     text = _MD_SPECIAL.sub(r"\\\1", line(text, 10 * LINE_CHARS))
+    text = _MD_AUTOLINK.sub(r"\\\g<0>", text)
     text = _MD_LEAD.sub(lambda m: f"{m[1]}{m[2]}\\{m[3]}" if m[2] else f"{m[4]}\\{m[5]}", text)
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 

@@ -9,6 +9,14 @@
 # without PYTHONPATH, a broken install), this file stops nbgrader with exit status 2 and one line
 # saying what to do. nbgrader would otherwise log the error, fall back to its default Execute
 # preprocessor and run the students' notebooks in a kernel, unsandboxed.
+#
+# No kernel run can score, even with the preprocessor list replaced on the command line
+# (--Autograde.autograde_preprocessors=...): a kernel is no defence, since a student's cell can
+# rewrite the later cells before they run. So, outside any kernel: every notebook client gets a
+# kernel name that does not exist (any Execute fails before a kernel starts), and nbgrader's
+# SaveAutoGrades stores only the points EngineGrade gave a cell in this process (0 otherwise).
+# Copying source/flashattention into a course with another config keeps none of this: grade it
+# only with this file.
 import os
 import sys
 
@@ -20,7 +28,7 @@ try:
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
 
-    from instructor.nbgrader_channel import EngineGrade
+    from instructor.nbgrader_channel import NO_KERNEL, EngineGrade, guard_save_autogrades
 except Exception as _e:  # noqa: BLE001 -- any import failure: refuse, never grade without the engine
     print(f"error: nbgrader_config.py cannot import the course's grading engine ({type(_e).__name__}: {_e}); "
           "run nbgrader with the course repository on PYTHONPATH, e.g. PYTHONPATH=/path/to/repo nbgrader ...",
@@ -47,4 +55,10 @@ c.Autograde.autograde_preprocessors = [
     CheckCellMetadata,
 ]
 c.EngineGrade.test_sets = ["public", "hidden"]
+
+# Fail closed outside the kernel, whatever the preprocessor list (see the top of this file).
+c.NotebookClient.kernel_name = NO_KERNEL
+c.ExecutePreprocessor.kernel_name = NO_KERNEL
+c.Execute.kernel_name = NO_KERNEL
+guard_save_autogrades()
 # c.EngineGrade.allow_weak_sandbox = True   # accept resource limits only where bubblewrap cannot run
