@@ -180,9 +180,9 @@ class EngineGrade(NbGraderPreprocessor):
             cell.outputs = [_error("NotGraded", "this cell was not graded by the course's engine")]
             cell.execution_count = None
         box = detect("rlimits" if self.sandbox == "rlimits" else "auto")
-        if box.mode.startswith("rlimits-only") and not self.allow_weak_sandbox:
+        if not box.isolating and not self.allow_weak_sandbox:
             raise NotGradable(f"sandbox not available: {box.mode}; refusing to grade (set "
-                              "c.EngineGrade.allow_weak_sandbox = True to accept resource limits only)")
+                              "c.EngineGrade.allow_weak_sandbox = True to accept a sandbox that does not isolate)")
         options = Options(parts=[int(p) for p in self.parts] or None, test_sets=tuple(self.test_sets),
                           limits=dict(self.limits), sandbox=box, tests_dir=self.tests_dir or None)
         with tempfile.TemporaryDirectory(prefix="nbgrader-engine-") as tmp:

@@ -98,12 +98,12 @@ WEAK_OK = "AUTOGRADER_ALLOW_WEAK_SANDBOX"  # =1: the instructor accepts grading 
 
 
 def sandbox_refusal(box) -> str | None:
-    """Why this machine's sandbox is not good enough to grade on, or None. Only resource limits
-    (no file system isolation, no unprivileged uid) is refused unless the instructor set
-    AUTOGRADER_ALLOW_WEAK_SANDBOX=1."""
+    """Why this machine's sandbox is not good enough to grade on, or None. A mode that does not
+    isolate (resource limits only, the uid mode without Landlock) is refused unless the instructor
+    set AUTOGRADER_ALLOW_WEAK_SANDBOX=1."""
     if not box.isolating and os.environ.get(WEAK_OK) != "1":
         return (f"sandbox not available: {box.mode}; the autograder refuses to grade without isolation "
-                f"(set {WEAK_OK}=1 in setup.sh and run_autograder to accept resource limits only)")
+                f"(set {WEAK_OK}=1 in setup.sh and run_autograder to accept a sandbox that does not isolate)")
     return None
 
 
