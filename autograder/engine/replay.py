@@ -755,7 +755,14 @@ def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted:
     TrustedOp's from its `cost` (computed by the caller: the FLOPs count in the replay too)."""
     info = op.info
     if not info.view:  # a view reads nothing; every other op reads its inputs (and writes below)
-        state["touched"] += _tensor_numel(a, kw)
+        fast = op.fast
+        if fast is not None and not fast[3]:  # the tensors sit at the template's slots
+            n = 0
+            for i, _ in fast[1]:
+                n += a[i].numel()
+            state["touched"] += n
+        else:
+            state["touched"] += _tensor_numel(a, kw)
     if info.view:
         for c in _claims(op.out):
             if c is None:
@@ -907,9 +914,13 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                     if isinstance(t, Tensor) and t.dtype not in _DTYPE_NAME:
                         _refuse_dtype(t.dtype)
             shapes.append(result.shape if type(result) is Tensor else _shapes(got))
-            derived = any(r in from_data for r in op.reads)
+            derived = not from_data.isdisjoint(op.reads)
             if derived:
-                from_data.update(leaf for leaf in op.leaves if type(leaf) is int)
+                leaves = op.leaves
+                if len(leaves) == 1 and type(leaves[0]) is int:
+                    from_data.add(leaves[0])
+                else:
+                    from_data.update(leaf for leaf in leaves if type(leaf) is int)
             if info.view:
                 tensors = [t for t in got if isinstance(t, Tensor)]
                 claims = _claims(op.out)
@@ -946,7 +957,8 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         if key[1] > largest["bytes"]:
                             largest = {"bytes": int(key[1]), "op": name, "shape": list(t.shape),
                                        "dtype": str(t.dtype).replace("torch.", "")}
-            operands_all = (a if op.fast is not None else tree_flatten(a)[0]) + (list(kw.values()) if kw else [])
+            operands_all = None if not (out64 or info.outer) else (
+                (a if op.fast is not None else tree_flatten(a)[0]) + (list(kw.values()) if kw else []))
             if out64 and any(isinstance(x, Tensor) and x.dtype == f32 for x in operands_all):
                 upcasts += 1
             # Floating products always; integer ones of data (a float scaled to fixed point would
