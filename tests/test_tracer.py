@@ -482,6 +482,10 @@ def test_an_integer_product_of_data_is_a_broadcast_product_and_index_arithmetic_
     _, tr = trace_call(causal_offsets, q, k)
     assert tr["broadcast_product_elems"] == 0 and tr["matmul_flops"] == 2 * 8 * 8 * 4
 
+    tokens = torch.tensor([3, 1, 4, 1])  # integer data plus an arange: positions, not a product of data
+    _, tr = trace_call(lambda t: t[:, None] + torch.arange(6)[None, :], tokens)
+    assert tr["broadcast_product_elems"] == 0 and tr["matmul_flops"] == 0
+
 
 def test_the_judges_work_is_bounded_where_no_output_shows_it():
     # a one-number op over a large expanded view allocates nothing and reads everything: the elements

@@ -961,11 +961,15 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                 (a if op.fast is not None else tree_flatten(a)[0]) + (list(kw.values()) if kw else []))
             if out64 and any(isinstance(x, Tensor) and x.dtype == f32 for x in operands_all):
                 upcasts += 1
-            # Floating products always; integer ones of data (a float scaled to fixed point would
-            # carry a matmul through them), not index arithmetic on aranges.
+            # Floating products always; integer ones between operands that both derive from data (a
+            # float scaled to fixed point would carry a matmul through them), not index arithmetic
+            # such as token ids plus an arange.
             if info.outer and got and isinstance(got[0], Tensor) and (
                     got[0].is_floating_point() or (derived and got[0].dtype != torch.bool)):
                 n_out = got[0].numel()
+                if not got[0].is_floating_point() and op.fast is not None:
+                    operands_all = [a[i] for i, r in op.fast[1] if r in from_data] + \
+                                   [kw[k] for k, r in op.fast[3] if r in from_data]
                 # the operands that carry data (a one-element tensor is a number), each with how many
                 # distinct elements it holds
                 operands, held = [], []
