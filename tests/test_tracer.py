@@ -482,6 +482,14 @@ def test_an_integer_product_of_data_is_a_broadcast_product_and_index_arithmetic_
     _, tr = trace_call(causal_offsets, q, k)
     assert tr["broadcast_product_elems"] == 0 and tr["matmul_flops"] == 2 * 8 * 8 * 4
 
+    def cumsum_positions(q, k):  # positions counted from ones_like(q): its shape, not its data
+        rows = torch.ones_like(q[:, 0], dtype=torch.long).cumsum(0)[:, None]
+        cols = torch.ones_like(k[:, 0], dtype=torch.long).cumsum(0)
+        return (q @ k.t()).masked_fill((cols - rows) > 0, 0.0)
+
+    _, tr = trace_call(cumsum_positions, q, k)
+    assert tr["broadcast_product_elems"] == 0
+
     tokens = torch.tensor([3, 1, 4, 1])  # integer data plus an arange: positions, not a product of data
     _, tr = trace_call(lambda t: t[:, None] + torch.arange(6)[None, :], tokens)
     assert tr["broadcast_product_elems"] == 0 and tr["matmul_flops"] == 0
@@ -516,3 +524,84 @@ def test_a_row_of_scores_by_mv_spans_all_keys():
 
     extents = key_extents(R.record_and_replay(row_at_a_time, q, k, v))
     assert {e.what for e in extents if e.n == 16} == {"Sᵀ = K·Qᵀ", "Vᵀ·P̃ᵀ"}
+
+
+def test_a_broadcast_product_of_materialised_expands_is_still_one():
+    # contiguous() / clone() / repeat of an expand holds the few values that were expanded: the product
+    # of two such copies is an outer product (a rank-1 update of Q·Kᵀ), however it was materialised
+    q, k = torch.randn(8, 4), torch.randn(8, 4)
+
+    def rank_one_updates(q, k):
+        out = q.new_zeros(8, 8)
+        for t in range(4):
+            a = q[:, t:t + 1].expand(8, 8).contiguous()
+            b = k[:, t:t + 1].t().repeat(8, 1)
+            out = out + a * b
+        return out
+
+    _, tr = trace_call(rank_one_updates, q, k)
+    assert tr["broadcast_product_elems"] == 4 * 8 * 8
+
+    def written_in_place(q, k):  # a copy whose values were overwritten since: the bound no longer holds
+        a = q[:, :1].expand(8, 8).contiguous()
+        a.copy_(torch.exp(q @ k.t()))
+        return a * (k @ q.t())
+
+    _, tr = trace_call(written_in_place, q, k)
+    assert tr["broadcast_product_elems"] == 0
+
+
+def test_the_key_side_follows_data_written_into_a_buffer_through_an_earlier_view():
+    from autograder.tests.cases_part2 import key_extents
+
+    q, k, v = qkv(16, 8)
+
+    def aliased(q, k, v):
+        kbuf = torch.zeros(8, 16)
+        kt = kbuf[:]  # a view taken before K is written in: its ref alone says nothing of K
+        kbuf.copy_(k.t())
+        return torch.softmax(q @ kt, -1) @ v
+
+    extents = key_extents(R.record_and_replay(aliased, q, k, v))
+    assert any(e.what == "S = Q·Kᵀ" and e.n == 16 for e in extents), extents
+
+
+def test_inference_mode_records_what_no_grad_records():
+    # torch.inference_mode skips the decomposition of composite ops (einsum, reshape, to, item): the
+    # recorder decomposes them itself, so the record holds only ops the judge accepts and counts
+    x = torch.randn(6, 4)
+
+    def with_mode(mode, x):
+        with mode():
+            s = torch.einsum("ij,kj->ik", x, x).reshape(-1).to(torch.float64)
+            return s * float(x.sum().item() > 0)
+
+    plain = R.record_and_replay(lambda x: with_mode(torch.no_grad, x), x)
+    inference = R.record_and_replay(lambda x: with_mode(torch.inference_mode, x), x)
+    assert torch.equal(plain.result, inference.result)
+    assert inference.matmul_flops == plain.matmul_flops == 2 * 6 * 6 * 4
+    assert inference.op_counts == plain.op_counts
+
+
+def test_an_in_place_view_is_recorded_out_of_place():
+    # q_row @ K lowers to unsqueeze, mm, squeeze_: the record holds squeeze under a new ref
+    q, k = torch.randn(3, 4), torch.randn(5, 4)
+    rp = R.record_and_replay(lambda q, k: torch.stack([q[i] @ k.t() for i in range(3)]), q, k)
+    assert torch.allclose(rp.result, q @ k.t(), atol=1e-6)
+    assert "aten::squeeze" in rp.op_counts and not any(n.endswith("_") for n in rp.op_counts)
+    assert rp.matmul_flops == 2 * 3 * 5 * 4
+
+
+def test_an_in_place_matmul_counts_its_flops():
+    q, k, v = qkv(16, 8)
+
+    def accumulate(q, k, v):
+        acc = torch.zeros(16, 8)
+        acc.addmm_(q @ k.t(), v)
+        out = torch.zeros(1, 16, 8)
+        out.baddbmm_(q[None], (k.t() @ v)[None])
+        return acc + out[0]
+
+    _, tr = trace_call(accumulate, q, k, v)
+    # q·kᵀ and addmm_'s S·v: 2·16·16·8 each; kᵀ·v and baddbmm_'s q·(kᵀv): 2·8·16·8 each
+    assert tr["matmul_flops"] == 2 * (2 * 16 * 16 * 8) + 2 * (2 * 8 * 16 * 8)

@@ -267,21 +267,11 @@ def _resolve_uncached(name: str, part: int | None) -> Any:
         func = getattr(getattr(aten, base), overload)
     except AttributeError:
         raise ReplayRefused(f"the record names an unknown op {name!r}", "malformed") from None
-    if _decomposed_before_dispatch(func):
+    if decomposed_before_dispatch(func):
         raise ReplayRefused(f"the record names aten::{base}.{overload}, which torch decomposes into other ops before "
                             "any op is recorded: the record was not made by the recorder", "malformed")
     return func
 
-
-def _decomposed_before_dispatch(func: Any) -> bool:
-    """Whether torch runs this overload as its decomposition (a CompositeImplicitAutograd kernel and
-    no kernel of its own): a TorchDispatchMode, the recorder, then sees only the ops it decomposes
-    into (einsum as permute/view/bmm, item as _local_scalar_dense), never the overload itself. The
-    judge accepts only what a recording can contain, so every rule sees the ops that really ran."""
-    schema = func._schema
-    name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return has(name, "CompositeImplicitAutograd") and not has(name, "CPU")
 
 
 def _is_ref(x: Any) -> bool:
@@ -291,7 +281,7 @@ def _is_ref(x: Any) -> bool:
 # Ops whose outputs are views (no new memory): the meta pass takes their shapes from the record's
 # claim (bounded like any tensor), and the real pass checks the claim before anything reads them.
 # The recorder states that claim for exactly these ops (and any whose schema returns an alias).
-from autograder.scenarios.tracing import _PLAIN, VIEW_OPS, paused_gc  # noqa: E402 -- one definition of the record format
+from autograder.scenarios.tracing import _PLAIN, VIEW_OPS, decomposed_before_dispatch, paused_gc  # noqa: E402 -- one definition of the record format
 
 
 def _claims(out: Any) -> list[tuple[list[int], list[int], str] | None]:
@@ -380,6 +370,42 @@ def _effective_numel(t: torch.Tensor) -> int:
     if key is None or t.element_size() == 0:
         return min(n, t.numel())
     return min(n, t.numel(), key[1] // t.element_size())
+
+
+# Ops whose output holds no more distinct values than one source operand (the first tensor argument;
+# copy_'s second): a materialised expand is still the few values it was expanded from.
+SAME_VALUES = frozenset("clone contiguous _to_copy to copy expand_copy repeat index_select index gather lift_fresh "
+                        "lift_fresh_copy detach alias unfold select_copy slice_copy _unsafe_view reshape flatten "
+                        "narrow".split())
+
+
+def _carried(t: torch.Tensor, ref: int, carries: dict[int, tuple[int, int]]) -> int:
+    """How many distinct values t holds at most: its own extent (_effective_numel), or less when the
+    replay followed it back to fewer (`carries`: ref -> (bound, t._version when it was set); an
+    in-place write since, through any view, bumps the version and voids the bound)."""
+    e = _effective_numel(t)
+    c = carries.get(ref)
+    if c is not None and c[0] < e and c[1] == t._version:
+        return c[0]
+    return e
+
+
+def _carries_bound(info: "_Info", a: list, slots: list, carries: dict) -> int | None:
+    """A bound on the distinct values of a one-tensor result, from its operands', or None (no bound
+    beyond its size): SAME_VALUES ops and views keep their source's; elementwise ops hold at most
+    the product of (distinct values + 1) of their tensor operands (the +1: a scalar they mix in)."""
+    if not slots:
+        return None
+    short = info.short[:-1] if info.short.endswith("_") else info.short
+    if info.view or short in SAME_VALUES:
+        i, ref = slots[1] if short == "copy" and len(slots) > 1 else slots[0]
+        return _carried(a[i], ref, carries)
+    if info.kind == "elementwise":
+        bound = 1
+        for i, ref in slots:
+            bound *= _carried(a[i], ref, carries) + 1
+        return bound
+    return None
 
 
 # Elementwise arithmetic that can form an outer product of two operands: each output element
@@ -494,6 +520,9 @@ REDUCTIONS = frozenset("all amax amin any argmax argmin logsumexp max mean min p
                        "_log_softmax".split())
 LIKE = frozenset("empty_like full_like ones_like zeros_like".split())
 SIZED = frozenset("empty full new_empty new_full new_ones new_zeros ones zeros empty_strided new_empty_strided".split())
+
+
+_SHAPE_ONLY = frozenset({"like", "sized", "arange"})  # _KINDS whose values come from numbers, not from tensors
 
 
 def _refuse_dtype(dtype: torch.dtype) -> None:
@@ -618,12 +647,20 @@ def _info(func: Any) -> _Info:
         positions = tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)  # Scalar, float, float?
                           if any(w in str(arg.type) for w in ("number", "Scalar", "float")))
         info = _INFOS[func] = _Info(
-            func, name, short, _KINDS.get(plain), short in VIEW_OPS, FLOP_FORMULAS.get(func.overloadpacket), positions,
+            func, name, short, _KINDS.get(plain), short in VIEW_OPS, _flop_formula(func, plain), positions,
             any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS,
             call=getattr(func, "_op", func), outer=plain in OUTER_OPS,
             n_positional=sum(not arg.kwarg_only for arg in func._schema.arguments),
             kwarg_only=frozenset(arg.name for arg in func._schema.arguments if arg.kwarg_only))
     return info
+
+
+def _flop_formula(func: Any, plain: str) -> Any:
+    """FLOP formula of an overload; an in-place matmul (baddbmm_, addmm_) counts as its out-of-place one."""
+    formula = FLOP_FORMULAS.get(func.overloadpacket)
+    if formula is None and plain != func._schema.name.split("::")[1]:
+        formula = FLOP_FORMULAS.get(getattr(aten, plain, None))
+    return formula
 
 
 _JUDGE_INFOS: dict[str, _Info] = {}
@@ -872,6 +909,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     # refs whose values derive from data (inputs, named tensors, constants), not from shapes alone
     # (an arange, a mask built from aranges): an integer product of two of them can carry a matmul
     from_data: set[int] = set(base)
+    carries: dict[int, tuple[int, int]] = {}  # ref -> (bound on its distinct values, its version then)
     excluded = {key[0] for t in env.values() if isinstance(t, torch.Tensor)
                 for key in [_storage_key(t)] if key is not None and key[1] > 0}
     seen: set[tuple[int, int]] = set()
@@ -914,7 +952,8 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                     if isinstance(t, Tensor) and t.dtype not in _DTYPE_NAME:
                         _refuse_dtype(t.dtype)
             shapes.append(result.shape if type(result) is Tensor else _shapes(got))
-            derived = not from_data.isdisjoint(op.reads)
+            # (a *_like / new_* / arange op takes only the shape and dtype of what it reads)
+            derived = info.kind not in _SHAPE_ONLY and not from_data.isdisjoint(op.reads)
             if derived:
                 leaves = op.leaves
                 if len(leaves) == 1 and type(leaves[0]) is int:
@@ -931,6 +970,10 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             leaves = op.leaves
             if len(leaves) == 1 and len(got) == 1 and type(leaves[0]) is int and type(result) is Tensor:
                 env[leaves[0]] = result  # the common case of _bind
+                if op.fast is not None and not op.fast[3]:
+                    bound = _carries_bound(info, a, op.fast[1], carries)
+                    if bound is not None and bound < result.numel():
+                        carries[leaves[0]] = (bound, result._version)
             else:
                 _bind(env, leaves, got)
             if info.view:  # a view: no new storage, no product, no cast
@@ -967,15 +1010,19 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             if info.outer and got and isinstance(got[0], Tensor) and (
                     got[0].is_floating_point() or (derived and got[0].dtype != torch.bool)):
                 n_out = got[0].numel()
-                if not got[0].is_floating_point() and op.fast is not None:
-                    operands_all = [a[i] for i, r in op.fast[1] if r in from_data] + \
-                                   [kw[k] for k, r in op.fast[3] if r in from_data]
                 # the operands that carry data (a one-element tensor is a number), each with how many
-                # distinct elements it holds
+                # distinct values it holds (followed back through copies: a contiguous() expand
+                # still holds what was expanded); integer products count operands of data only
+                if op.fast is not None:
+                    pairs = [(a[i], r) for i, r in op.fast[1]] + [(kw[k], r) for k, r in op.fast[3]]
+                    if not got[0].is_floating_point():
+                        pairs = [(x, r) for x, r in pairs if r in from_data]
+                else:
+                    pairs = [(x, None) for x in operands_all]
                 operands, held = [], []
-                for x in operands_all:
+                for x, r in pairs:
                     if isinstance(x, Tensor):
-                        e = _effective_numel(x)
+                        e = _effective_numel(x) if r is None else _carried(x, r, carries)
                         if e > 1:
                             operands.append(x)
                             held.append(e)

@@ -12,6 +12,10 @@ u = eps/2 is the unit roundoff of the result's dtype (float32: 6.0e-8, float64: 
    error, the known bugs at 10^5-10^7×. FORWARD_FACTOR = 2 for o and lse.
    Gradients: dS = P ∘ (dP - D) subtracts two nearly equal O(1) terms and P is recomputed from the
    given (rounded) L, so a correct backward's error is up to ~2× plain's; GRADIENT_FACTOR = 3.
+   Each entry may also be off by ROUNDING_EPS·eps·|expected| (4 eps: 2 to 4 ulp of the value): its
+   own final rounding (u), lse = m + log ℓ rounding twice, and a summation order other than
+   plain's (a row at a time with mv, say) can leave a large entry 1.6 ulp off while plain's max
+   error happened to fall below that. Every catalogued bug is off by more than 1e-4 relative.
 2. atol: DEFAULT_ATOL = 1e-6 in float32 (the plain error of an entry that happens to be exact is 0;
    1e-6 is 17 u on O(1) values). FLOAT64_ATOL = 1e-10 in float64: reordering n additions changes a
    float64 sum by at most n·u relative (1e-13 for n = 1000 on O(1) values), 1000× headroom, while
@@ -62,6 +66,7 @@ import torch
 FLOAT64_ATOL = 1e-10
 DEFAULT_ATOL = 1e-6
 FORWARD_FACTOR = 2.0  # o and lse of every attention forward (parts 2, 3, 4's Function, 6)
+ROUNDING_EPS = 4.0  # rule 1: per entry, ROUNDING_EPS · eps · |expected| on top of the plain-error bound
 GRADIENT_FACTOR = 3.0  # dq, dk, dv (part 4)
 MERGE_EPS = 64  # ⊕ of two summaries / partials: MERGE_EPS · eps relative
 IDENTITY_EPS = 4  # a ⊕ identity = a: a few roundings at most

@@ -369,15 +369,37 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
     reported. The batch of a bmm (its leading dims) is reported too: keys there would escape the rest."""
     Q, K, V = QUERY_SIDE, KEY_SIDE, VALUE_SIDE
     mask = dict(FORWARD_SIDES if sides is None else sides)
+    # Sides are followed per storage too: data written in place into a buffer (copy_, index_put_,
+    # slice assignment) reaches every view of it, also one taken before the write.
+    storage_side: dict[int, int] = {}
+    pointer: dict[int, int | None] = {}
+
+    def storage_of(ref: int) -> int | None:
+        if ref not in pointer:
+            t = rp.env.get(ref)
+            try:
+                pointer[ref] = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+            except (RuntimeError, NotImplementedError):
+                pointer[ref] = None
+        return pointer[ref]
+
+    def side_of(ref: int) -> int:
+        return mask.get(ref, 0) | storage_side.get(storage_of(ref), 0)
+
+    for ref, m in list(mask.items()):
+        storage_side[storage_of(ref)] = storage_side.get(storage_of(ref), 0) | m
     found = []
     for index, op in enumerate(rp.prepared):
         m = 0
         for ref in op.reads:
-            m |= mask.get(ref, 0)
+            m |= side_of(ref)
         for leaf in op.leaves:
             if type(leaf) is int:
                 mask[leaf] = mask.get(leaf, 0) | m
-        where = _MATMULS.get(op.info.short)
+                st = storage_of(leaf)
+                if st is not None:
+                    storage_side[st] = storage_side.get(st, 0) | m
+        where = _MATMULS.get(op.info.short.removesuffix("_"))  # baddbmm_ multiplies like baddbmm
         if where is None or op.fast is None:
             continue
         slots = dict(op.fast[1])
@@ -390,7 +412,7 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
         sa, sb = _as_matrix(a, True), _as_matrix(b, False)
         if sa is None or sb is None:
             continue
-        ma, mb = mask.get(ra, 0), mask.get(rb, 0)
+        ma, mb = side_of(ra), side_of(rb)
         if not (ma | mb) & Q or not (ma | mb) & (K | V):
             continue
         if bool(ma & Q) == bool(mb & Q):  # both (or neither) derive from q: no side is the key side
