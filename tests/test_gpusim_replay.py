@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import solutions.flash_kernel as fk
-from autograder.engine.checks import CheckFailure, check_close
+from autograder.engine import tolerances as tol
+from autograder.engine.checks import check_close
 from autograder.tests import cases_part3 as C
 from course import gpusim as gs
 from course.gpusim import trace
@@ -153,14 +154,15 @@ def per_key_lse(q, k):
 
 
 def test_the_lse_tolerance_scales_with_the_sequential_updates():
-    """4096 sequential updates: the 2x-plain rule alone fails this correct algorithm; the bound
-    of cases_part3.tolerances (4(n_k+2)·eps) admits it."""
+    """4096 sequential updates: this correct algorithm is further from the reference than 2x plain's
+    error + atol (the 2x-plain bound alone would fail it); the bound of cases_part3.tolerances
+    (4(n_k+2)·eps) admits it."""
     case = C.KernelCase(nq=256, nk=4096, d=16, seed=1)
     q, k, v = case.qkv()
     lse = per_key_lse(q, k)
     ref, plain = attention_reference(q, k, v)[1], attention_plain(q, k, v)[1]
-    with pytest.raises(CheckFailure):
-        check_close(lse, ref, what="lse", plain=plain, factor=2.0)
+    err, plain_err = float((lse.double() - ref).abs().max()), float((plain.double() - ref).abs().max())
+    assert err > tol.plain_bound(plain_err, 2.0, lse.dtype)
     check_close(lse, ref, what="lse", plain=plain, factor=2.0, atol=C.tolerances(case, v)[1])
 
 

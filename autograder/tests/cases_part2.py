@@ -359,6 +359,57 @@ class Extent(NamedTuple):
     bound: str  # what bounds it: "keys" (B_c), "tile" (a tile's largest dim), "batch" (the (batch, head) pairs)
 
 
+class Sides:
+    """What each tensor of a replay derives from (QUERY_SIDE / KEY_SIDE / VALUE_SIDE bits), followed op
+    by op from `sides` (input ref -> bits; default the forward's q, k, v) with `step`. Followed per
+    storage too: data written in place into a buffer (copy_, index_put_, slice assignment) reaches
+    every view of it, also one taken before the write."""
+
+    def __init__(self, rp: replay.Replayed, sides: dict[int, int] | None = None) -> None:
+        self.rp = rp
+        self.mask = dict(FORWARD_SIDES if sides is None else sides)
+        self.storage: dict[int | None, int] = {}
+        self._pointer: dict[int, int | None] = {}
+        for ref, m in list(self.mask.items()):
+            st = self._storage_of(ref)
+            self.storage[st] = self.storage.get(st, 0) | m
+
+    def _storage_of(self, ref: int) -> int | None:
+        if ref not in self._pointer:
+            t = self.rp.env.get(ref)
+            try:
+                self._pointer[ref] = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+            except (RuntimeError, NotImplementedError):
+                self._pointer[ref] = None
+        return self._pointer[ref]
+
+    def of(self, ref: int) -> int:
+        st = self._storage_of(ref)
+        return self.mask.get(ref, 0) | (self.storage.get(st, 0) if st is not None else 0)
+
+    def step(self, op: Any) -> None:
+        m = 0
+        for ref in op.reads:
+            m |= self.of(ref)
+        for leaf in op.leaves:
+            if type(leaf) is int:
+                self.mask[leaf] = self.mask.get(leaf, 0) | m
+                st = self._storage_of(leaf)
+                if st is not None:
+                    self.storage[st] = self.storage.get(st, 0) | m
+
+
+def scores_like_shapes(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[tuple[int, ...]]:
+    """Shapes of the replay's new tensors (one per new storage) that derive from both the query side
+    and the key side: score tiles, P̃, statistics, accumulators, the outputs; a row panel of S or a
+    whole row of scores, however it was put together (one matmul, or tiles concatenated)."""
+    sd = Sides(rp, sides)
+    for op in rp.prepared:
+        sd.step(op)
+    return [tuple(rp.env[ref].shape) for ref in rp.new_storage_of
+            if isinstance(rp.env.get(ref), torch.Tensor) and sd.of(ref) & QUERY_SIDE and sd.of(ref) & KEY_SIDE]
+
+
 def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[Extent]:
     """For each matmul of the replay that multiplies query-side data with k- or v-derived data: how
     many keys it spans, and its batch. What each tensor derives from is followed through every op of
@@ -368,37 +419,10 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
     (P̃ᵀ·dO, dSᵀ·Q, or data mixed on purpose), every dim of both must fit a tile: the largest of them is
     reported. The batch of a bmm (its leading dims) is reported too: keys there would escape the rest."""
     Q, K, V = QUERY_SIDE, KEY_SIDE, VALUE_SIDE
-    mask = dict(FORWARD_SIDES if sides is None else sides)
-    # Sides are followed per storage too: data written in place into a buffer (copy_, index_put_,
-    # slice assignment) reaches every view of it, also one taken before the write.
-    storage_side: dict[int, int] = {}
-    pointer: dict[int, int | None] = {}
-
-    def storage_of(ref: int) -> int | None:
-        if ref not in pointer:
-            t = rp.env.get(ref)
-            try:
-                pointer[ref] = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
-            except (RuntimeError, NotImplementedError):
-                pointer[ref] = None
-        return pointer[ref]
-
-    def side_of(ref: int) -> int:
-        return mask.get(ref, 0) | storage_side.get(storage_of(ref), 0)
-
-    for ref, m in list(mask.items()):
-        storage_side[storage_of(ref)] = storage_side.get(storage_of(ref), 0) | m
+    sd = Sides(rp, sides)
     found = []
     for index, op in enumerate(rp.prepared):
-        m = 0
-        for ref in op.reads:
-            m |= side_of(ref)
-        for leaf in op.leaves:
-            if type(leaf) is int:
-                mask[leaf] = mask.get(leaf, 0) | m
-                st = storage_of(leaf)
-                if st is not None:
-                    storage_side[st] = storage_side.get(st, 0) | m
+        sd.step(op)
         where = _MATMULS.get(op.info.short.removesuffix("_"))  # baddbmm_ multiplies like baddbmm
         if where is None or op.fast is None:
             continue
@@ -412,7 +436,7 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
         sa, sb = _as_matrix(a, True), _as_matrix(b, False)
         if sa is None or sb is None:
             continue
-        ma, mb = side_of(ra), side_of(rb)
+        ma, mb = sd.of(ra), sd.of(rb)
         if not (ma | mb) & Q or not (ma | mb) & (K | V):
             continue
         if bool(ma & Q) == bool(mb & Q):  # both (or neither) derive from q: no side is the key side
