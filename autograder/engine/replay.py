@@ -396,11 +396,14 @@ def _carries_bound(info: "_Info", a: list, slots: list, carries: dict) -> int | 
     the product of (distinct values + 1) of their tensor operands (the +1: a scalar they mix in)."""
     if not slots:
         return None
-    short = info.short[:-1] if info.short.endswith("_") else info.short
-    if info.view or short in SAME_VALUES:
-        i, ref = slots[1] if short == "copy" and len(slots) > 1 else slots[0]
+    carry = info.carry
+    if carry == "view":  # a view's own strides say what it holds (an expand: stride 0); carry a bound on
+        i, ref = slots[0]
+        return _carried(a[i], ref, carries) if ref in carries else None
+    if carry == "copy":  # a copy's strides say nothing of where its values came from
+        i, ref = slots[1] if info.short.startswith("copy") and len(slots) > 1 else slots[0]
         return _carried(a[i], ref, carries)
-    if info.kind == "elementwise":
+    if carry == "elementwise" and any(ref in carries for _, ref in slots):  # else: no bound below its size
         bound = 1
         for i, ref in slots:
             bound *= _carried(a[i], ref, carries) + 1
@@ -626,6 +629,7 @@ class _Info:
     trusted: str | None = None  # "judge::name" ops: the judge's own function `name`
     call: Any = None  # what runs the op: the overload's C++ callable (its __call__ without the Python frame)
     outer: bool = False  # elementwise arithmetic that can form an outer product (OUTER_OPS)
+    carry: str | None = None  # how a bound on its result's distinct values follows (_carries_bound)
     n_positional: int = 0  # arguments the dispatcher passes positionally (a recorder sees them in args)
     kwarg_only: frozenset = frozenset()  # the keyword-only ones (the only ones it sees in kwargs)
 
@@ -650,6 +654,8 @@ def _info(func: Any) -> _Info:
             func, name, short, _KINDS.get(plain), short in VIEW_OPS, _flop_formula(func, plain), positions,
             any(arg.name == "device" for arg in func._schema.arguments), short in EMPTY_OPS, short in SCALAR_OUT_OPS,
             call=getattr(func, "_op", func), outer=plain in OUTER_OPS,
+            carry="view" if short in VIEW_OPS else "copy" if plain in SAME_VALUES else
+                  "elementwise" if _KINDS.get(plain) == "elementwise" else None,
             n_positional=sum(not arg.kwarg_only for arg in func._schema.arguments),
             kwarg_only=frozenset(arg.name for arg in func._schema.arguments if arg.kwarg_only))
     return info
@@ -970,7 +976,8 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             leaves = op.leaves
             if len(leaves) == 1 and len(got) == 1 and type(leaves[0]) is int and type(result) is Tensor:
                 env[leaves[0]] = result  # the common case of _bind
-                if op.fast is not None and not op.fast[3]:
+                if info.carry is not None and op.fast is not None and not op.fast[3] and (
+                        carries or info.carry == "copy"):
                     bound = _carries_bound(info, a, op.fast[1], carries)
                     if bound is not None and bound < result.numel():
                         carries[leaves[0]] = (bound, result._version)
@@ -1022,7 +1029,10 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                 operands, held = [], []
                 for x, r in pairs:
                     if isinstance(x, Tensor):
-                        e = _effective_numel(x) if r is None else _carried(x, r, carries)
+                        e = _effective_numel(x)
+                        c = carries.get(r) if carries else None
+                        if c is not None and c[0] < e and c[1] == x._version:
+                            e = c[0]  # followed back through a copy (_carried)
                         if e > 1:
                             operands.append(x)
                             held.append(e)
