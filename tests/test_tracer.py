@@ -605,3 +605,13 @@ def test_an_in_place_matmul_counts_its_flops():
     _, tr = trace_call(accumulate, q, k, v)
     # q·kᵀ and addmm_'s S·v: 2·16·16·8 each; kᵀ·v and baddbmm_'s q·(kᵀv): 2·8·16·8 each
     assert tr["matmul_flops"] == 2 * (2 * 16 * 16 * 8) + 2 * (2 * 8 * 16 * 8)
+
+
+def test_the_twins_inputs_move_every_value_one_way_by_at_least_half_the_step():
+    # random directions would average out over a long row: a sum of 1000 perturbed terms barely moves,
+    # and a constant answer would pass the twin now and then (1 secret in 300 did, before)
+    x = torch.randn(1000)
+    for seed in range(20):
+        r = R.perturbed(x, seed).double() / x.double() - 1
+        assert bool((r.abs() >= 0.025 - 1e-6).all() and (r.abs() <= 0.05 + 1e-6).all())
+        assert bool((r > 0).all() or (r < 0).all())
