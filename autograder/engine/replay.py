@@ -37,6 +37,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
+from autograder.scenarios.tracing import INPLACE_VIEWS as _INPLACE_VIEWS
+
 aten = torch.ops.aten
 
 # ---------------------------------------------------------------------------------------------------
@@ -70,8 +72,9 @@ REFUSED_IN = {
     4: frozenset({"_softmax", "_log_softmax", "logsumexp"}),
 }
 EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
-INPLACE_VIEW_OPS = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "as_strided_", "resize_", "swapdims_",
-                              "swapaxes_", "set_"})
+# In-place view ops (the recorder writes the views as their out-of-place ops, tracing.INPLACE_VIEWS)
+# and the storage swaps: never in a record.
+INPLACE_VIEW_OPS = _INPLACE_VIEWS | {"resize_", "set_"}
 SCALAR_OUT_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "item"})
 
 
