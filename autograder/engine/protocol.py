@@ -203,12 +203,21 @@ def pack_frame(header: dict, buffers: list[memoryview] = ()) -> list[bytes | mem
     return [_HEAD.pack(MAGIC, len(body), payload), body, *buffers]
 
 
+_IOV_BATCH = 512  # pieces per writev call (the kernel takes at most IOV_MAX = 1024)
+
+
 def write_frame(fd: int, header: dict, buffers: list[memoryview] = ()) -> None:
-    for piece in pack_frame(header, buffers):
-        view = memoryview(piece)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+    """Write one frame with as few system calls as the pipe allows (writev of all its pieces): a
+    write per piece woke the reader once per piece, and each wake-up is a context switch on a
+    machine whose cores are all busy grading (measured: 6 writes per call, ~0.1 ms each)."""
+    pieces = [v for v in (memoryview(p).cast("B") for p in pack_frame(header, buffers)) if v.nbytes]
+    while pieces:
+        n = os.writev(fd, pieces[:_IOV_BATCH])
+        while n:  # drop what was written; a partial write leaves the rest of its piece
+            if n >= pieces[0].nbytes:
+                n -= pieces.pop(0).nbytes
+            else:
+                pieces[0], n = pieces[0][n:], 0
 
 
 def _read_exact(fd: int, n: int) -> bytes:

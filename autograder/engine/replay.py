@@ -686,10 +686,11 @@ def _judge_info(name: str) -> _Info:
 class _Op:
     """One checked op of a record, with what the passes need precomputed once."""
 
-    __slots__ = ("info", "args", "kwargs", "out", "leaves", "reads", "fast")
+    __slots__ = ("info", "args", "kwargs", "out", "leaves", "reads", "fast", "claims")
 
     def __init__(self, info: _Info, args: Any, kwargs: dict, out: Any) -> None:
         self.info, self.args, self.kwargs, self.out = info, args, kwargs, out
+        self.claims = _claims(out) if info.view else None  # a view's recorded (shape, strides, dtype)s
         if type(out) is list and len(out) == 2 and out[0] == "$t" and type(out[1]) is int and out[1] >= 0:
             self.leaves = [out[1]]  # one new tensor: the common case of _out_refs
         else:
@@ -810,7 +811,7 @@ def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted:
         else:
             state["touched"] += _tensor_numel(a, kw)
     if info.view:
-        for c in _claims(op.out):
+        for c in op.claims:
             if c is None:
                 raise ReplayRefused("a recorded view op does not state its output's shape", "malformed")
             if math.prod(c[0]) > budget.max_tensor_bytes // 8 or any(x < 0 for x in c[0]):
@@ -971,7 +972,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                     from_data.update(leaf for leaf in leaves if type(leaf) is int)
             if info.view:
                 tensors = [t for t in got if isinstance(t, Tensor)]
-                claims = _claims(op.out)
+                claims = op.claims
                 if len(claims) != len(tensors) or any(
                         c is None or t.shape != tuple(c[0]) or t.stride() != tuple(c[1])
                         or _DTYPE_NAME.get(t.dtype) != c[2] for t, c in zip(tensors, claims)):
@@ -1029,17 +1030,23 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         pairs = [(x, r) for x, r in pairs if r in from_data]
                 else:
                     pairs = [(x, None) for x in operands_all]
-                operands, held = [], []
+                operands: list | None = []
+                held: list[int] = []
                 for x, r in pairs:
                     if isinstance(x, Tensor):
-                        e = _effective_numel(x)
                         c = carries.get(r) if carries else None
+                        if c is None and x.is_contiguous() and x.numel() == n_out:
+                            # it holds n_out distinct values (_effective_numel of a contiguous tensor is
+                            # its numel): the output has no more, so this op multiplies out nothing
+                            operands = None
+                            break
+                        e = _effective_numel(x)
                         if c is not None and c[0] < e and c[1] == x._version:
                             e = c[0]  # followed back through a copy (_carried)
                         if e > 1:
                             operands.append(x)
                             held.append(e)
-                if len(operands) >= 2 and max(held) < n_out:
+                if operands is not None and len(operands) >= 2 and max(held) < n_out:
                     shape = list(got[0].shape)
                     aligned = [[1] * (len(shape) - x.dim()) + list(x.shape) for x in operands]
                     if info.short in ("mul", "mul_") and len(operands) == 2 and \

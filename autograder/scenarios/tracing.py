@@ -68,6 +68,7 @@ def _op_name(func: Any) -> tuple[str, bool]:
 
 
 _DECOMPOSES: dict[Any, bool] = {}
+_DISPATCH: dict[Any, tuple[bool, str, bool, str | None]] = {}  # Recorder.__torch_dispatch__'s per-overload facts
 _OUT_OF_PLACE: dict[Any, str | None] = {}
 INPLACE_VIEWS = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_"})
 
@@ -238,7 +239,12 @@ class Recorder(TorchDispatchMode):
     # -- recording ----------------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if decomposed_before_dispatch(func):  # only under inference_mode: record what it decomposes into
+        known = _DISPATCH.get(func)  # (decomposes, record name, claims, out-of-place view), once per overload
+        if known is None:
+            name, claims = _op_name(func)
+            known = _DISPATCH[func] = (decomposed_before_dispatch(func), name, claims,
+                                       out_of_place_view(func) if claims else None)
+        if known[0]:  # only under inference_mode: record what it decomposes into
             TorchDispatchMode.__enter__(self)  # this mode again, for the decomposition's ops
             try:
                 out = func.decompose(*args, **(kwargs or {}))
@@ -261,8 +267,7 @@ class Recorder(TorchDispatchMode):
         out = func._op(*args, **(kwargs or {}))  # func(...) without the Python frame of OpOverload.__call__
         if len(self.ops) >= MAX_RECORDED_OPS:
             raise RecordTooLarge(f"the call dispatched more than {MAX_RECORDED_OPS:,} torch ops")
-        name, claims = _op_name(func)
-        plain = out_of_place_view(func) if claims else None
+        _, name, claims, plain = known
         if plain is not None:  # the same view out of place, the tensor under a new ref from here on
             self.ops.append([plain, enc_args, enc_kwargs, ["$t", self._new_ref(out), list(out.shape),
                                                            list(out.stride()), _DTYPE_NAMES.get(out.dtype) or
