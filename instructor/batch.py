@@ -265,6 +265,7 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     if calibrate and (inline or jobs == 1):
         info["call_time_limits"] = scaled_call_timeouts(options)
         info["reference"] = check_reference(info["call_time_limits"].pop("reference"), options)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     if options.sandbox is not None and options.sandbox.kind == "uid":
         os.chmod(out, out.stat().st_mode & 0o770)  # the results: closed to the sandbox's uids
@@ -285,6 +286,10 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
         else:
             _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env,
                        info if calibrate and jobs > 1 else None)
+    except SystemExit:  # refused before anyone was graded (the judges' reference check): leave no empty --out
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _write_summary(out, everyone, entries, results, time.perf_counter() - t_start, jobs, shard, info, env,

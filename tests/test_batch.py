@@ -482,6 +482,21 @@ def test_the_real_engine_reference_check_catches_a_tests_folder_without_tests(tm
         with pytest.raises(SystemExit, match=r"the reference solutions score 0/15 \(0 tests run\)"):
             run_batch(subs, tmp_path / f"out{scale}", jobs=0, options=options, progress=False, sandbox="off",
                       allow_weak=True)
+        assert not (tmp_path / f"out{scale}").exists()  # refused before any file was written
+
+
+def test_a_refused_two_judge_batch_leaves_no_empty_output_folder(tmp_path):
+    """With two judges the reference is checked in the judges (after --out was made): the refusal
+    removes the folder it made, and keeps one the instructor had."""
+    subs = tmp_path / "subs"
+    _submission(subs / "ann", {})
+    _submission(subs / "ben", {})
+    options = Options(parts=[1], test_sets=("public",), tests_dir=str(_mkdir(tmp_path / "no-tests")))
+    kept = _mkdir(tmp_path / "kept")
+    for out in (tmp_path / "new", kept):
+        with pytest.raises(SystemExit, match=r"the reference solutions score 0/15"):
+            run_batch(subs, out, jobs=2, options=options, progress=False, sandbox="off", allow_weak=True)
+    assert not (tmp_path / "new").exists() and kept.is_dir()
 
 
 def test_calibration_in_judges_sums_the_reference_score_of_every_share():
