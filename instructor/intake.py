@@ -99,6 +99,8 @@ class Submission:
     ignored: list[str] = field(default_factory=list)  # other files (not graded), first 50
     ignored_count: int = 0
     error: str | None = None
+    near: dict[str, str] = field(default_factory=dict)  # missing graded file -> the ignored file it resembles
+    _ignored_names: list[str] = field(default_factory=list, repr=False)  # their base names (_ignore), for `near`
 
     @property
     def sha256(self) -> str:
@@ -114,7 +116,9 @@ class Submission:
         if self.error:
             lines.append(f"submission rejected: {self.error}")
         lines += [f"{path}: rejected: {why}" for path, why in self.rejected]
-        lines += [f"{name}: missing (that part scores 0)" for name in self.missing]
+        lines += [f"{name}: missing (that part scores 0)" + (
+            f"; did you mean {self.near[name]!r}? graded files must have exactly these names"
+            if name in self.near else "") for name in self.missing]
         if self.ignored_count:
             shown = ", ".join(self.ignored[:8]) + (" ..." if self.ignored_count > 8 else "")
             lines.append(f"ignored {self.ignored_count} file(s) that are not graded: {shown}")
@@ -271,8 +275,30 @@ def _take(entry: Path, dest: Path, sub: Submission, wanted: list[str], max_file_
         (dest / name).write_bytes(data)
         os.chmod(dest / name, 0o644)
         sub.files[name] = hashlib.sha256(data).hexdigest()
+    for name in sub.missing:
+        found = near_miss(name, sub._ignored_names)
+        if found:
+            sub.near[name] = sanitize.name(found, 120)
     sub.dir = dest
     return sub
+
+
+def near_miss(wanted: str, names: list[str]) -> str | None:
+    """The file name among `names` that is most likely `wanted` misnamed: the same name in another
+    case, a download's copy ("flash_forward (1).py", "flash_forward-2.py"), an editor's extra
+    extension ("flash_forward.py.txt"), or a close spelling; None if none is close."""
+    import difflib
+
+    stem = wanted.removesuffix(".py").casefold()
+    def plain(n: str) -> str:
+        n = n.casefold()
+        n = re.sub(r"(\.py)?(\.(txt|bak|orig|save|swp|py~?))+$|~$", "", n)
+        return re.sub(r"[\s_-]*(\(\d+\)|copy( \d+)?|-\d+|_\d+)$", "", n.removesuffix(".py"))
+    exact = [n for n in names if n != wanted and plain(n) == stem]
+    if exact:
+        return sorted(exact)[0]
+    close = difflib.get_close_matches(stem, [plain(n) for n in names], n=1, cutoff=0.85)
+    return next((n for n in sorted(names) if close and plain(n) == close[0]), None)
 
 
 class _Reject(Exception):
@@ -430,6 +456,8 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
 
 def _ignore(sub: Submission, path: str) -> None:
     sub.ignored_count += 1
+    if len(sub._ignored_names) < 2000:
+        sub._ignored_names.append(path.rsplit("/", 1)[-1])
     if len(sub.ignored) < 50:
         sub.ignored.append(sanitize.name(path, 200))
 

@@ -103,6 +103,24 @@ def test_intake_takes_only_the_graded_files_of_a_folder(tmp_path):
     assert any("conftest.py" in n for n in taken.notes())
 
 
+def test_a_missing_graded_file_names_the_misnamed_file_it_resembles(tmp_path):
+    """A newcomer's misnamed files (another case, a browser's download copy, an editor's .txt, a typo)
+    are not graded, and the note says which file was probably meant; unrelated files are not offered."""
+    sub = _submission(tmp_path / "cara", {})
+    renames = {"flash_forward.py": "Flash_Forward.py", "kv_cache.py": "kv_cache (1).py",
+               "online_softmax.py": "online_softmax.py.txt", "flash_backward.py": "flash_backwrd.py"}
+    for right, wrong in renames.items():
+        (sub / right).rename(sub / wrong)
+    os.remove(sub / "flash_decoding.py")
+    (sub / "notes.md").write_text("unrelated")
+    taken = intake.take(sub, tmp_path / "dest")
+    assert sorted(taken.missing) == sorted([*renames, "flash_decoding.py"])
+    assert taken.near == renames  # nothing resembles flash_decoding.py
+    notes = "\n".join(taken.notes())
+    assert "kv_cache.py: missing (that part scores 0); did you mean 'kv_cache (1).py'?" in notes
+    assert "flash_decoding.py: missing (that part scores 0)\n" in notes + "\n" and "notes.md'?" not in notes
+
+
 def test_intake_rejects_bad_files_with_reasons(tmp_path):
     sub = _submission(tmp_path / "bob", {})
     (sub / "online_softmax.py").write_bytes(b"x = '\xff\xfe'\n")  # not UTF-8
