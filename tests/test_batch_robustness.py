@@ -235,6 +235,32 @@ def test_sanitize_gives_printable_bounded_text(value):
     assert _printable(block)
 
 
+def test_every_character_is_shown_or_spelled_out_the_same_way_on_the_fast_path():
+    """sanitize keeps text that str.isprintable() accepts as it is (the common case, no per-character
+    work): the same as the per-character rule for every character of the Basic Multilingual Plane,
+    alone and beside a printable one, with and without a kept tab."""
+    import unicodedata
+
+    def per_character(text: str, keep: str) -> str:
+        out = []
+        for ch in text:
+            if ch in keep:
+                out.append(ch)
+            elif ch.isspace() and ch not in "\u2028\u2029\x85":
+                out.append(" ")
+            elif unicodedata.category(ch) in sanitize._HIDDEN:
+                out.append("\\?")  # spelled out (how does not matter here)
+            else:
+                out.append(ch)
+        return "".join(out)
+
+    for o in range(0x10000):
+        for text in (chr(o), "a" + chr(o)):
+            for keep in ("", "\t"):
+                got, want = sanitize._printable(text, keep), per_character(text, keep)
+                assert (got == text) == (want == text), (hex(o), got, want)
+
+
 # ---------------------------------------------------------------------------------------------
 # intake and merge
 

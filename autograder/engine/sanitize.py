@@ -42,6 +42,8 @@ def _text(value: object) -> str:
 
 
 def _printable(text: str, keep: str = "") -> str:
+    if text.isprintable():  # no category Cc, Cf, Cs, Co, Cn, Z* but the ASCII space: nothing to change
+        return text
     out = []
     for ch in text:
         if ch in keep:
