@@ -212,14 +212,15 @@ def hidden_summary(view: dict) -> list[tuple[str, int, int]]:
 def feedback_markdown(graded: Graded) -> str:
     """The feedback a student reads: intake notes, then what `make grade` shows (the engine's own
     renderer: per-part table, first failure of each part), then the hidden tests by name. Every
-    line a submission could have influenced is escaped (sanitize.markdown) or fenced."""
+    line a submission could have influenced is escaped (sanitize.markdown), in code (sanitize.code: the
+    student's id and the intake notes, which hold the submission's file names) or fenced."""
     from autograder.engine.feedback import render_text
 
     view = graded.view
-    lines = [f"# Feedback for {sanitize.markdown(graded.name)}", ""]
+    lines = [f"# Feedback for {sanitize.code(graded.name)}", ""]
     notes = view.get("intake", {}).get("notes", [])
     if notes:
-        lines += ["## Your submission", ""] + [f"- {sanitize.markdown(n)}" for n in notes] + [""]
+        lines += ["## Your submission", ""] + [f"- {sanitize.code(n)}" for n in notes] + [""]
     lines += ["## Grade", "", render_text(view).rstrip("\n")]
     hidden = hidden_summary(view)
     if hidden:

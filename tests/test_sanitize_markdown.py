@@ -122,3 +122,28 @@ def test_any_text_renders_as_itself_with_no_link_and_no_markup(text):
         assert tags <= {"p", "br"}, (name, md, out)
         assert content == want, (name, md, out)
     assert html.unescape(md).replace("\\", "") == sanitize.line(text, 10 * sanitize.LINE_CHARS).replace("\\", "")
+
+
+# sanitize.code: the student's id and intake notes (which hold file names) in feedback.md and on
+# Gradescope. Inside a code span no markup and no autolink applies (GFM's autolink extension skips
+# code), so an e-mail address that GitHub would link even escaped stays text.
+
+@settings(max_examples=400, deadline=None)
+@given(_TEXT)
+def test_code_renders_as_exactly_the_text_in_one_code_span(text):
+    md = sanitize.code(text)
+    want = sanitize.line(text, 10 * sanitize.LINE_CHARS) or "(empty)"
+    assert "\n" not in md
+    for name, render in RENDERERS.items():
+        out = render(md)
+        tags, _ = _parse(out)
+        assert tags == {"p", "code"}, (name, md, out)
+        inner = re.fullmatch(r"<p><code>(.*)</code></p>\n", out, re.S)
+        assert inner and html.unescape(inner.group(1)) == want, (name, md, out)
+
+
+@pytest.mark.parametrize("text", CASES + ["`", "``x``", "a ` b", "- item", "# heading", "| a | b |"])
+def test_code_makes_no_link_of_an_address_or_url(text):
+    for name, render in RENDERERS.items():
+        out = render(sanitize.code(text))
+        assert "<a" not in out and _parse(out)[0] == {"p", "code"}, (name, out)

@@ -4,11 +4,12 @@ A submission chooses exception messages, type names, qualnames, file names (in a
 folder unpacked by an old zip tool has names that are not UTF-8), what it prints, and the names of
 the entries in a batch. Each such string passes through `line` (or `block`, for printed output)
 ONCE, where it enters the judge or the intake; everything downstream may then assume printable,
-bounded, valid UTF-8. The renderers escape for their format with `markdown` and `fence`.
+bounded, valid UTF-8. The renderers escape for their format with `markdown`, `code` and `fence`.
 
     line(b"a\\x1b[31mred\\nb\\xff")    -> 'a\\x1b[31mred b\\xff'   (one line, escapes spelled out)
     markdown("**100/100** <b>")        -> '\\*\\*100/100\\*\\* &lt;b&gt;'
     fence("x```y")                     -> '````text\\nx```y\\n````'
+    code("a@b.example")                -> '`a@b.example`'
 """
 from __future__ import annotations
 
@@ -117,13 +118,26 @@ def markdown(text: str) -> str:
 
     Known limits: cmark-gfm (GitHub) finds e-mail addresses after it has merged the text back
     together, escapes removed, so there `a@b.example` in feedback.md is still a mailto: link (no
-    escape can stop that without changing the text; its www. and https:// autolinks are stopped);
+    escape can stop that without changing the text; its www. and https:// autolinks are stopped):
+    the student's id and the intake notes, which name the submission's files, are shown with `code`;
     and linkify-style renderers that link bare names with a known top-level domain (`evil.com`,
     markdown-it with linkify) are not GFM and are not defeated."""
     text = _MD_SPECIAL.sub(r"\\\1", line(text, 10 * LINE_CHARS))
     text = _MD_AUTOLINK.sub(r"\\\g<0>", text)
     text = _MD_LEAD.sub(lambda m: f"{m[1]}{m[2]}\\{m[3]}" if m[2] else f"{m[4]}\\{m[5]}", text)
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def code(value: object) -> str:
+    """Inline code that renders as exactly `value` (one line, cleaned by `line`): inside a code span
+    no markdown, HTML or autolink applies, so a submission-chosen e-mail address stays plain text
+    even on GitHub, which links addresses that `markdown` has escaped. The backtick run is longer
+    than any inside; content that starts or ends with a backtick is padded with a space (which the
+    renderer strips). Not for GFM table cells: a `|` ends a cell even inside code."""
+    text = line(value, 10 * LINE_CHARS) or "(empty)"
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text[0] == "`" or text[-1] == "`" else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def fence(text: str, info: str = "text") -> str:

@@ -40,7 +40,7 @@ def results_json(view: dict, *, notes: list[str] | None = None, output: str | No
     `output`), are "after_published". So what is visible (the public tests and the table of their
     counts and points) names no hidden result: no hidden points, pass counts or messages appear in
     any field a student sees before publication. Every string the submission influenced is escaped
-    for markdown (output_format "md")."""
+    for markdown (output_format "md") or shown in code (the intake notes: sanitize.code)."""
     tests = []
     numbers: dict[int, int] = {}
     for t in view.get("tests", []):
@@ -58,7 +58,7 @@ def results_json(view: dict, *, notes: list[str] | None = None, output: str | No
         })
     lines = []
     if notes:
-        lines += ["Your submission:", ""] + [f"- {sanitize.markdown(n)}" for n in notes] + [""]
+        lines += ["Your submission:", ""] + [f"- {sanitize.code(n)}" for n in notes] + [""]
     public = [t for t in view.get("tests", []) if t.get("set") != "hidden"]
     any_hidden = len(public) < len(view.get("tests", []))
     lines += ["| part | public tests passed | public points |", "|---|---|---|"]
