@@ -17,6 +17,8 @@ import pytest
 from autograder.engine import grade
 from autograder.engine.runner import hidden_verdict
 
+REPO = Path(__file__).resolve().parent.parent
+
 RUBRIC = """
 [limits]
 call_timeout_s = 2
@@ -378,7 +380,7 @@ def test_memory_bomb_in_every_call_costs_at_most_max_losses_calls(probe, tmp_pat
     assert report["timing"]["worker_starts"] == 2  # the first worker and one spare; none after the 2nd loss
     assert all(t["outcome"] == "failed" and "\n" not in t["message"] for t in tests)
     assert all("ran out of memory" in t["message"] for t in tests[:2]), [t["message"] for t in tests[:2]]
-    assert all(t["message"] == "not run: the worker already timed out or crashed 2 times in part 1"
+    assert all(t["message"] == "not run: in part 1, 2 earlier calls were lost (ran out of memory 2×)"
                for t in tests[2:]), {t["message"] for t in tests[2:]}
     assert report["errors"] == []
 
@@ -392,7 +394,8 @@ def test_memory_bomb_at_import_counts_as_a_loss(probe, tmp_path):
     tests = [t for t in report["tests"] if t["part"] == 1]
     assert tests[0]["message"].startswith("importing probe.py failed: ran out of memory while allocating 10.0 GiB"), \
         tests[0]["message"]
-    assert tests[-1]["message"].startswith("not run: the worker already timed out or crashed 2 times")
+    assert tests[-1]["message"] == "not run: in part 1, 2 earlier calls were lost (ran out of memory 2×)", \
+        tests[-1]["message"]
 
 
 def test_a_reply_larger_than_the_cap_costs_the_call_unread(probe, tmp_path):
@@ -451,3 +454,24 @@ def test_unseeded_random_numbers_are_the_same_in_every_grading(probe, tmp_path):
     sub = write(tmp_path / "sub", {"probe.py": "import torch\n" + drawing, "other.py": OTHER_OK})
     outcomes = {by_name(run(probe, sub, parts=[1]))["test_add"]["outcome"] for _ in range(3)}
     assert outcomes == {"passed"}
+
+
+def test_a_recorded_call_is_named_and_limited_by_the_students_function(tmp_path):
+    """Recorded calls all go through the scenario tracing.call: their messages and their scaled time
+    limits (Limits.call_timeouts, keyed by processes.call_label) name the student's function, so a
+    hanging online_summary times out under its own limit and says so; the part's later calls say
+    how the earlier ones were lost."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    for f in (REPO / "solutions").glob("*.py"):
+        (sub / f.name).write_text(f.read_text())
+    src = (sub / "online_softmax.py").read_text()
+    hang = src.replace('    m = torch.full(x.shape[:-1]', '    while True:\n        pass\n    m = torch.full(x.shape[:-1]', 1)
+    assert hang != src
+    (sub / "online_softmax.py").write_text(hang)
+    report = grade(sub, parts=[1], limits={"call_timeouts": {"online_softmax.online_summary": 0.5},
+                                                "max_losses": 2})
+    msgs = [t["message"] for t in report["tests"] if "test_online_summary" in t["id"]]
+    assert msgs[0] == "timed out after 0.5 s in online_softmax.online_summary", msgs[0]
+    later = [t["message"] for t in report["tests"] if "test_online_softmax[" in t["id"]]
+    assert later and all(m == "not run: in part 1, 2 earlier calls were lost (timed out 2×)" for m in later), later

@@ -14,7 +14,7 @@ from .errors import StudentError
 from .limits import Limits
 from .paths import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT
 from .submission import MAX_SOURCE_BYTES, SubmissionCopy, prepare_submission
-from .processes import Lost, WorkerPool, WorkerPrefix, Zygote, _Output
+from .processes import Lost, WorkerPool, WorkerPrefix, Zygote, _Output, call_label
 
 __all__ = ["AUTOGRADER_DIR", "ENGINE_DIR", "REPO_ROOT", "MAX_SOURCE_BYTES", "Engine", "Limits", "StudentError",
            "StudentProxy", "SubmissionCopy", "WorkerPool", "WorkerPrefix", "Zygote", "prepare_submission"]
@@ -30,8 +30,24 @@ _SERVER_MAY_GO_ON = {("public", "diagnosis"), ("public", "hidden"), ("diagnosis"
 
 
 class PartState:
+    """A part's lost calls (the worker timed out, crashed, flooded its output, ran out of memory or
+    broke the protocol): after Limits.max_losses the part's remaining calls are not run."""
+
+    _WHAT = {"timeout": "timed out", "crash": "crashed", "exit": "exited", "output": "flooded the output",
+             "memory": "ran out of memory", "protocol": "broke the protocol", "reply": "sent too much data"}
+
     def __init__(self) -> None:
         self.losses = 0
+        self.kinds: dict[str, int] = {}
+
+    def lose(self, kind: str) -> None:
+        self.losses += 1
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+    def said(self) -> str:
+        """E.g. '3 earlier calls were lost (timed out 2×, flooded the output 1×)'."""
+        how = ", ".join(f"{self._WHAT.get(k, 'lost the worker')} {n}×" for k, n in self.kinds.items())
+        return f"{self.losses} earlier call{'s' if self.losses != 1 else ''} {'were' if self.losses != 1 else 'was'} lost ({how})"
 
 
 class StudentProxy:
@@ -101,7 +117,8 @@ class Engine:
             needed = [module + ".py"]
         else:
             needed = part_rule.files
-        name = target.rsplit(".", 1)[-1]
+        label = call_label(op, target, kwargs)  # a recorded call is named by the student's function
+        name = label.rsplit(".", 1)[-1]
         if proxy.part in self.refused:
             raise StudentError(self.refused[proxy.part], kind="refused", target=target)
         for f in needed:
@@ -126,9 +143,8 @@ class Engine:
         tests = self.parts.setdefault((proxy.part, False), PartState())
         state = self.parts.setdefault((proxy.part, True), PartState()) if proxy.test_set == "diagnosis" else tests
         if tests.losses >= limits.max_losses or (state is not tests and state.losses >= 1):
-            lost = tests.losses if tests.losses >= limits.max_losses else state.losses
-            raise StudentError(f"not run: the worker already timed out or crashed {lost} times in part "
-                               f"{proxy.part}", kind="gave_up", target=target)
+            lost = tests if tests.losses >= limits.max_losses else state
+            raise StudentError(f"not run: in part {proxy.part}, {lost.said()}", kind="gave_up", target=label)
         sink = self.outputs.setdefault(proxy.test_id, _Output(limits.output_keep_bytes, limits.output_cap_bytes))
         sink.total = 0  # the cap applies per call; `data` keeps accumulating up to `keep`
         spare = state.losses + 1 < limits.max_losses  # a replacement only if this part may call again
@@ -136,14 +152,14 @@ class Engine:
             reply, buffers = self.pool.request(op, target, args, kwargs, timeout or limits.call_timeout_s,
                                                sink, [m + ".py" for m in allowed], spare=spare)
         except Lost as lost:
-            state.losses += 1
-            raise StudentError(str(lost), kind=lost.kind, target=target, function=name) from None
+            state.lose(lost.kind)
+            raise StudentError(str(lost), kind=lost.kind, target=label, function=name) from None
         if not reply.get("ok"):
             error = _student_error(reply.get("error"), target, name)
             if error.kind == "memory" or (type(reply.get("error")) is dict and reply["error"].get("memory") is True):
                 # A call that hit the memory limit is a loss like a timeout: a bomb in every call
                 # would otherwise cost every call its allocation time. The worker is replaced too.
-                state.losses += 1
+                state.lose("memory")
                 self.pool.discard(spare)
             raise error
         try:

@@ -513,13 +513,15 @@ class Worker:
 
     # -- one request -----------------------------------------------------------------------
     def request(self, op: str, target: str, args: tuple, kwargs: dict, timeout: float,
-                sink: "_Output", allowed: list[str]) -> tuple[dict, list]:
+                sink: "_Output", allowed: list[str], label: str | None = None) -> tuple[dict, list]:
+        """label: what the messages call this request (call_label); default the target."""
         self.ready()
         self._next_id += 1
         rid = self._next_id
+        target_name, target = target, label or target  # `target` names it in the messages below
         self._target = target
         targs, bufs = protocol.encode_value([list(args), kwargs])
-        header = {"op": op, "id": rid, "target": target, "allowed": allowed,
+        header = {"op": op, "id": rid, "target": target_name, "allowed": allowed,
                   "args": targs["L"][0], "kwargs": targs["L"][1]}  # one buffer list for both
         try:
             protocol.write_frame(self.proc.stdin_fd, header, bufs)
@@ -672,6 +674,16 @@ class CallStats:
     longest_s: dict[str, float] = field(default_factory=dict)
 
 
+def call_label(op: str, target: str, kwargs: dict) -> str:
+    """What a request is called in messages and in the call time limits (Limits.call_timeouts, scaled
+    per label from the reference's own times): the student's function for a recorded call (the
+    scenario tracing.call, whose `fn` the test chose), else the target. So a hanging online_summary
+    "timed out in online_softmax.online_summary" under ITS limit, not under the longest limit of any
+    recorded call."""
+    fn = kwargs.get("fn") if op == "scenario" and target == "tracing.call" else None
+    return fn if isinstance(fn, str) and fn else target
+
+
 class WorkerPool:
     """One worker reused across calls; after a loss it is replaced (a spare is started at once,
     unless the caller says no further call will need it).
@@ -736,7 +748,8 @@ class WorkerPool:
         reached max_losses with this loss, so no worker is started that nothing would use)."""
         self.start()
         worker = self._worker
-        scaled = self.limits.call_timeouts.get(target)
+        label = call_label(op, target, kwargs)
+        scaled = self.limits.call_timeouts.get(label)
         if scaled:  # the reference's own time for this call, scaled (instructor/batch.py)
             timeout = min(timeout, float(scaled))
         t0 = time.perf_counter()
@@ -745,9 +758,9 @@ class WorkerPool:
                 worker.ready()
                 self.stats.startup_s.append(worker.startup_s)
             t1 = time.perf_counter()
-            out = worker.request(op, target, args, kwargs, timeout, sink, allowed)
+            out = worker.request(op, target, args, kwargs, timeout, sink, allowed, label)
             longest = self.stats.longest_s
-            longest[target] = max(longest.get(target, 0.0), time.perf_counter() - t1)
+            longest[label] = max(longest.get(label, 0.0), time.perf_counter() - t1)
             return out
         except Lost:
             self.discard(spare)
