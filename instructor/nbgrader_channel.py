@@ -22,7 +22,9 @@ Design (the engine, not the notebook kernel, decides the points):
   makes nbgrader's SaveAutoGrades store, for each autograded cell, the points EngineGrade gave it
   in this process, and 0 for any cell it did not grade. A config or engine import error stops
   nbgrader with a non-zero exit (nbgrader_config.py); a sandbox that is not available stops the
-  run unless c.EngineGrade.allow_weak_sandbox = True. A course that grades the notebook with a
+  run unless c.EngineGrade.allow_weak_sandbox = True; so do options with which the reference
+  solutions do not score full marks (checked once per run, before the first notebook; that grade
+  also scales the call time limits, as in the batch). A course that grades the notebook with a
   config of its own runs none of this: the notebook says so on top.
 
     python -m instructor.nbgrader_channel extract NOTEBOOK --out DIR   # the .py files of a notebook
@@ -30,6 +32,7 @@ Design (the engine, not the notebook kernel, decides the points):
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import sys
 import tempfile
@@ -70,6 +73,7 @@ def extract(nb: nbformat.NotebookNode, dest: Path, graded: list[str] | None = No
         if cell.get("cell_type") != "code" or not meta.get("solution") or name is None:
             continue
         source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+        source = source.removeprefix("\ufeff")  # a BOM pasted in from a Windows editor would hide the magic
         first, _, rest = source.partition("\n")
         if first.strip().startswith("%%writefile"):  # the cell magic that writes the file
             source = rest
@@ -159,8 +163,9 @@ class EngineGrade(NbGraderPreprocessor):
 
     Fail closed: every test cell first gets an error output (0 points); only the engine's result
     replaces it, and is recorded in _ENGINE_POINTS, the only points guard_save_autogrades lets
-    SaveAutoGrades store. A sandbox that is not available stops the run (NotGradable, nbgrader
-    exits non-zero) unless `allow_weak_sandbox` is set."""
+    SaveAutoGrades store. A sandbox that is not available stops the run (checked_options: nbgrader
+    exits non-zero) unless `allow_weak_sandbox` is set; so does a configuration with which the
+    reference solutions would not score full marks (checked_options)."""
 
     test_sets = List(["public", "hidden"], help="engine test sets").tag(config=True)
     parts = List([], help="part numbers to grade (default: all in the rubric)").tag(config=True)
@@ -179,12 +184,7 @@ class EngineGrade(NbGraderPreprocessor):
         for cell in test_cells.values():  # nothing of a kernel run counts: only what the engine writes below
             cell.outputs = [_error("NotGraded", "this cell was not graded by the course's engine")]
             cell.execution_count = None
-        box = detect("rlimits" if self.sandbox == "rlimits" else "auto")
-        if not box.isolating and not self.allow_weak_sandbox:
-            raise NotGradable(f"sandbox not available: {box.mode}; refusing to grade (set "
-                              "c.EngineGrade.allow_weak_sandbox = True to accept a sandbox that does not isolate)")
-        options = Options(parts=[int(p) for p in self.parts] or None, test_sets=tuple(self.test_sets),
-                          limits=dict(self.limits), sandbox=box, tests_dir=self.tests_dir or None)
+        options = checked_options(self)
         with tempfile.TemporaryDirectory(prefix="nbgrader-engine-") as tmp:
             graded = grade_one(None, Path(tmp), options, name=str(student), take=lambda dest: take_notebook(nb, dest))
         if graded.status == "failed to grade":  # fail closed: 0 points with a reason
@@ -217,8 +217,51 @@ class EngineGrade(NbGraderPreprocessor):
         return cell, resources
 
 
-class NotGradable(Exception):
-    """The notebook cannot be graded with the promised isolation: nbgrader reports it and exits non-zero."""
+# The set-up of this nbgrader run, checked once per process and per configuration (checked_options):
+# the options to grade with (the call time limits scaled from the reference's own times), or why
+# grading is refused.
+_SETUP: dict[str, Options | str] = {}
+
+
+def checked_options(cfg: Any) -> Options:
+    """The grading options of EngineGrade `cfg`, checked before the first notebook as the batch checks
+    its own (instructor/batch.py): the sandbox must isolate (or allow_weak_sandbox be set), and the
+    reference solutions, graded in this process with exactly these options, must score full marks,
+    or every student would get 0 for the instructor's mistake (a wrong tests_dir, parts or limits).
+    That grade also scales each call's time limit from the reference's own time, so a hanging
+    notebook costs seconds per call, not the rubric's 20 s. A refusal stops nbgrader at once (one
+    line, exit status 1: SystemExit passes nbgrader's per-notebook error handling), before any
+    grade is stored. The check runs once per process and configuration, not once per student."""
+    key = repr((cfg.sandbox, bool(cfg.allow_weak_sandbox), list(cfg.parts), list(cfg.test_sets),
+                sorted(dict(cfg.limits).items()), cfg.tests_dir))
+    if key not in _SETUP:
+        _SETUP[key] = _check_setup(cfg)
+    found = _SETUP[key]
+    if isinstance(found, str):
+        raise SystemExit(f"error: {found}")
+    return Options(parts=found.parts, test_sets=found.test_sets, limits=copy.deepcopy(found.limits),
+                   sandbox=found.sandbox, tests_dir=found.tests_dir)
+
+
+def _check_setup(cfg: Any) -> Options | str:
+    from .batch import check_reference, scaled_call_timeouts
+
+    box = detect("rlimits" if cfg.sandbox == "rlimits" else "auto")
+    if not box.isolating and not cfg.allow_weak_sandbox:
+        return (f"sandbox not available: {box.mode}; refusing to grade (set c.EngineGrade.allow_weak_sandbox = True "
+                "to accept a sandbox that does not isolate)")
+    try:
+        options = Options(parts=[int(p) for p in cfg.parts] or None, test_sets=tuple(cfg.test_sets),
+                          limits=dict(cfg.limits), sandbox=box, tests_dir=cfg.tests_dir or None)
+    except (TypeError, ValueError) as e:
+        return f"c.EngineGrade.parts must be part numbers ({sanitize.line(e, 200)})"
+    info = scaled_call_timeouts(options)  # grades the reference; sets options.limits["call_timeouts"]
+    try:
+        check_reference(info.pop("reference"), options)
+    except SystemExit as e:
+        return str(e).removeprefix("error: ").replace("fix the options", "fix c.EngineGrade's options in "
+                                                       "nbgrader_config.py or on the command line")
+    return options
 
 
 def _error(name: str, text: str) -> Any:

@@ -310,3 +310,53 @@ def test_even_a_real_kernel_forced_on_the_command_line_scores_0(cycle):
     scores = _scores(course, "mallory_kernel")
     assert scores and all(v == 0 for v in scores.values()), scores
     assert "refusing" in r.stdout + r.stderr and "not the course engine's grade" in r.stdout + r.stderr
+
+
+def _engine_config(**kw):
+    from types import SimpleNamespace
+
+    base = dict(sandbox="auto", allow_weak_sandbox=True, parts=[1], test_sets=["public"], limits={}, tests_dir="")
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("mistake", [dict(tests_dir="/nonexistent/tests"), dict(limits={"call_timeout_s": 0.001}),
+                                     dict(parts=[9])])
+def test_options_the_reference_fails_with_stop_nbgrader_before_any_notebook(mistake):
+    """The batch's own set-up check, in the nbgrader channel: options with which the reference
+    solutions do not score full marks (a wrong tests_dir, limits or parts) would give every student
+    0 with exit status 0; they stop the run with one line instead (SystemExit passes nbgrader's
+    per-notebook error handling), and the refusal is remembered, not re-graded per student."""
+    from instructor import nbgrader_channel
+
+    cfg = _engine_config(**mistake)
+    with pytest.raises(SystemExit, match=r"^error: (the reference solutions score|grading the reference solutions "
+                                         r"failed).*c\.EngineGrade's options") as first:
+        nbgrader_channel.checked_options(cfg)
+    assert "\n" not in str(first.value)
+    with pytest.raises(SystemExit) as again:
+        nbgrader_channel.checked_options(cfg)
+    assert str(again.value) == str(first.value)
+
+
+def test_the_checked_options_scale_the_call_time_limits_once_per_run(tmp_path):
+    from instructor import nbgrader_channel
+
+    cfg = _engine_config(tests_dir=str(write_mini_tests(tmp_path / "mini")))
+    options = nbgrader_channel.checked_options(cfg)
+    limits = options.limits["call_timeouts"]
+    assert limits and all(v >= 5.0 for v in limits.values())  # the batch's floor
+    options.limits["call_timeouts"]["x"] = 1.0  # a caller's change does not reach the next notebook
+    assert "x" not in nbgrader_channel.checked_options(cfg).limits["call_timeouts"]
+
+
+def test_a_bom_before_the_writefile_magic_is_ignored(tmp_path):
+    """A cell pasted from a Windows editor starts with U+FEFF: the %%writefile line is still the
+    magic (not a line of the graded file, which would then be invalid Python)."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    name = "online_softmax.py"
+    code = (ROOT / "solutions" / name).read_text()
+    cell = new_code_cell("\ufeff%%writefile " + name + "\n" + code,
+                         metadata={"nbgrader": {"grade_id": file_grade_id(name), "solution": True, "grade": False}})
+    problems = extract(new_notebook(cells=[cell]), tmp_path / "out", [name])
+    assert problems == {} and (tmp_path / "out" / name).read_text() == code
