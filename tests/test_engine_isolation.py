@@ -475,3 +475,26 @@ def test_a_recorded_call_is_named_and_limited_by_the_students_function(tmp_path)
     assert msgs[0] == "timed out after 0.5 s in online_softmax.online_summary", msgs[0]
     later = [t["message"] for t in report["tests"] if "test_online_softmax[" in t["id"]]
     assert later and all(m == "not run: in part 1, 2 earlier calls were lost (timed out 2×)" for m in later), later
+
+
+def test_the_grade_budget_bounds_the_whole_grade(tmp_path):
+    """Limits.grade_budget_s (Gradescope sets it inside its own timeout): no call runs past it, and
+    the calls after it are not run, with that reason, so the report is always written in time."""
+    import time
+
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    for f in (REPO / "solutions").glob("*.py"):
+        (sub / f.name).write_text(f.read_text())
+    src = (sub / "online_softmax.py").read_text()
+    hang = src.replace('    m = torch.full(x.shape[:-1]', '    while True:\n        pass\n    m = torch.full(x.shape[:-1]', 1)
+    (sub / "online_softmax.py").write_text(hang)
+    t0 = time.perf_counter()
+    report = grade(sub, parts=[1, 6], limits={"grade_budget_s": 4.0})
+    assert time.perf_counter() - t0 < 4.0 + 3.0  # the budget, plus start-up and the report
+    by_test = {t["id"]: t for t in report["tests"]}
+    summary = [t for i, t in by_test.items() if "test_online_summary[" in i]
+    assert summary[0]["message"].startswith("timed out after "), summary[0]["message"]
+    later = [t for i, t in by_test.items() if "test_part6" in i]
+    assert later and all(t["message"] == "not run: the grade's time budget of 4 s is spent (earlier calls took it)"
+                         for t in later), {t["message"] for t in later}

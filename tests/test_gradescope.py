@@ -216,3 +216,16 @@ def test_the_build_refuses_hidden_tests_that_miss_a_part():
     _check_hidden_tests(complete)
     with pytest.raises(SystemExit, match=r"no cases for part\(s\) \[3\]"):
         _check_hidden_tests([f for f in complete if "part3_" not in f])
+
+
+@pytest.mark.parametrize("raw, want", [("", 480.0), ("900", 900.0), ("0", 480.0), ("-5", 480.0), ("nan", 480.0),
+                                       ("inf", 480.0), ("ten", 480.0)])
+def test_the_grade_budget_stays_inside_gradescopes_timeout(monkeypatch, capsys, raw, want):
+    """run() grades within AUTOGRADER_TIME_BUDGET_S (default 8 of Gradescope's 10 minutes): a hanging
+    submission then gets the engine's results.json, not Gradescope's timeout; a bad value is named
+    in the log and the default used."""
+    from instructor.gradescope.__main__ import time_budget_s
+
+    monkeypatch.setenv("AUTOGRADER_TIME_BUDGET_S", raw)
+    assert time_budget_s() == want
+    assert ("not a positive number" in capsys.readouterr().out) == (raw not in ("", "900"))

@@ -7,6 +7,7 @@ submission.py (the private copy of the graded files), workers.py (processes and 
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from . import protocol, sanitize
@@ -99,6 +100,7 @@ class Engine:
         self.parts: dict[tuple[int, bool], PartState] = {}  # (part, diagnosis?) -> losses of its calls
         self.outputs: dict[str, _Output] = {}  # test id -> output of its calls
         self.worker_set: str | None = None  # the test set the current worker has served
+        self.started = time.perf_counter()  # Limits.grade_budget_s counts from here
 
     def limits_for(self, part: int) -> Limits:
         # rubric defaults < the part's limits in the rubric < explicit overrides of grade()
@@ -145,12 +147,19 @@ class Engine:
         if tests.losses >= limits.max_losses or (state is not tests and state.losses >= 1):
             lost = tests if tests.losses >= limits.max_losses else state
             raise StudentError(f"not run: in part {proxy.part}, {lost.said()}", kind="gave_up", target=label)
+        timeout = timeout or limits.call_timeout_s
+        if limits.grade_budget_s > 0:
+            left = limits.grade_budget_s - (time.perf_counter() - self.started)
+            if left <= 0:
+                raise StudentError(f"not run: the grade's time budget of {limits.grade_budget_s:g} s is spent "
+                                   "(earlier calls took it)", kind="gave_up", target=label)
+            timeout = min(timeout, left)
         sink = self.outputs.setdefault(proxy.test_id, _Output(limits.output_keep_bytes, limits.output_cap_bytes))
         sink.total = 0  # the cap applies per call; `data` keeps accumulating up to `keep`
         spare = state.losses + 1 < limits.max_losses  # a replacement only if this part may call again
         try:
-            reply, buffers = self.pool.request(op, target, args, kwargs, timeout or limits.call_timeout_s,
-                                               sink, [m + ".py" for m in allowed], spare=spare)
+            reply, buffers = self.pool.request(op, target, args, kwargs, timeout, sink, [m + ".py" for m in allowed],
+                                               spare=spare)
         except Lost as lost:
             state.lose(lost.kind)
             raise StudentError(str(lost), kind=lost.kind, target=label, function=name) from None

@@ -21,6 +21,9 @@ class Limits:
     threads: int = 1  # torch threads in the worker: deterministic, and fair in parallel batch grading
     fork_server: bool = True  # fork workers from a pre-imported zygote (zygote.py), sandboxed ones too where the sandbox allows
     reply_cap_mb: int = 256  # a reply larger than this (plain data + tensor bytes) costs the call, unread
+    # wall time of the whole grade (0: none): calls after it are not run, and no call may run past it,
+    # so that a channel with a hard limit of its own (Gradescope's) always gets the engine's report
+    grade_budget_s: float = 0.0
     # {call target: seconds}: a call's time limit is at most this (the batch measures the reference's
     # own time for each call and scales it, see instructor/batch.py scaled_call_timeouts)
     call_timeouts: dict = field(default_factory=dict)
@@ -32,7 +35,7 @@ class Limits:
 
 
 # the smallest value that makes sense for a numeric limit (0 where "none" is meaningful)
-MINIMUM: dict[str, float] = {"output_keep_bytes": 0}
+MINIMUM: dict[str, float] = {"output_keep_bytes": 0, "grade_budget_s": 0}
 
 
 def check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:

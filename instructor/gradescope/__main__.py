@@ -95,6 +95,25 @@ def build(out: Path) -> Path:
 
 
 WEAK_OK = "AUTOGRADER_ALLOW_WEAK_SANDBOX"  # =1: the instructor accepts grading with rlimits only
+# Gradescope stops an autograder at its timeout (10 minutes unless the assignment says otherwise) and
+# then shows its own error, not our results.json. The engine's grade budget (Limits.grade_budget_s)
+# keeps the grade inside it: calls after the budget are not run (they score 0, with that reason).
+BUDGET_ENV = "AUTOGRADER_TIME_BUDGET_S"
+DEFAULT_BUDGET_S = 480.0  # 8 of Gradescope's default 10 minutes: start-up, intake and the report need the rest
+
+
+def time_budget_s() -> float:
+    """The grade's time budget: $AUTOGRADER_TIME_BUDGET_S (set it in run_autograder when the
+    assignment's timeout is not Gradescope's default), else DEFAULT_BUDGET_S."""
+    raw = os.environ.get(BUDGET_ENV, "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_BUDGET_S
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        print(f"{BUDGET_ENV}={raw!r} is not a positive number of seconds; using {DEFAULT_BUDGET_S:g}")  # the log
+        return DEFAULT_BUDGET_S
+    return value
 
 
 def sandbox_refusal(box) -> str | None:
@@ -138,7 +157,8 @@ def run(root: Path, parts: Sequence[int] | None = None, out: Path | None = None)
         if refusal:
             result = failing_result(refusal)
         else:
-            options = Options(parts=list(parts) if parts else None, test_sets=("public", "hidden"), sandbox=box)
+            options = Options(parts=list(parts) if parts else None, test_sets=("public", "hidden"), sandbox=box,
+                              limits={"grade_budget_s": time_budget_s()})
             with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
                 graded = grade_one(root / "submission", Path(tmp), options, name="submission")
             # stdout: hidden from students; the view's mode says how the workers started (bubblewrap)
