@@ -63,6 +63,7 @@ t transpose tril triu trunc unbind unsqueeze unsafe_split unsafe_split_with_size
 tensor_split unfold view view_as _unsafe_view _to_copy _reshape_alias to where zero zeros zeros_like
 _local_scalar_dense is_nonzero equal item embedding _softmax _log_softmax logsumexp std var rsub
 sum_to_size vdot zero_ index_add index_copy scatter gather sort topk chunk flatten movedim
+logaddexp logaddexp2 fmax fmin remainder floor_divide
 """.split())
 # Per part: ops a part may not use even though they are harmless elsewhere (a dense softmax in the
 # tiled parts would be the very thing the part is about).
@@ -416,7 +417,8 @@ def _carries_bound(info: "_Info", a: list, slots: list, carries: dict) -> int | 
 
 # Elementwise arithmetic that can form an outer product of two operands: each output element
 # combines one element of each (a matmul written as one of these + a sum; a / (1 / b) is a * b).
-OUTER_OPS = frozenset("mul div add sub rsub addcmul addcdiv pow maximum minimum atan2 hypot".split())
+OUTER_OPS = frozenset("mul div add sub rsub addcmul addcdiv pow maximum minimum atan2 hypot logaddexp logaddexp2 fmax "
+                      "fmin remainder floor_divide".split())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -518,6 +520,7 @@ def _base(record: dict, inputs: list[torch.Tensor], named: dict[str, torch.Tenso
 # Cheap bounds of an op's output, from the real shapes of its (already bounded) inputs, checked BEFORE
 # the op runs in the replay. Ops not classified here are run on meta tensors first (cached).
 ELEMENTWISE = frozenset("""abs add addcdiv addcmul bitwise_and bitwise_not bitwise_or bitwise_xor ceil clamp clamp_max
+logaddexp logaddexp2 fmax fmin remainder floor_divide
 clamp_min clone copy cos div eq exp exp2 expm1 fill floor ge gt isfinite isinf isnan isneginf isposinf le log log1p
 log2 logical_and logical_not logical_or logical_xor lt masked_fill maximum minimum mul nan_to_num ne neg pow
 reciprocal relu rsqrt rsub sigmoid sign silu sin sqrt square sub trunc where zero _to_copy lift_fresh

@@ -49,6 +49,11 @@ u = eps/2 is the unit roundoff of the result's dtype (float32: 6.0e-8, float64: 
    dtype (combine_bounds): lse_s carries u·|lse_s| from its rounding, logsumexp over S terms adds
    (S + 3)·u·max(1, |lse|); o_s carries u·|o_s| and its weight exp(lse_s - lse) the errors of lse_s and
    lse; Σ_s w_s = 1 keeps the sum within max|o_s|. Both bounds ×2, + atol.
+6b. flash_decode end to end: its partials within rule 1 (FORWARD_FACTOR × plain's error), plus rule 6
+   for their combine as the atol of that check (cases_part6.decode_allowance, computed on correct
+   partials of the same split rounded to dtype). Plain attention normalises once; a combine reads
+   lse_s of magnitude |lse|, so a correct one that folds the segments one by one (logaddexp, ⊕)
+   rounds by up to S·u·|lse|: measured 1.14e-5 on o with S = 7 and q ×40, 2× plain being 5.9e-6.
 8. KV-cache logits (part 5) against the float64 uncached model: float32 at most KV_CACHE_FACTOR × the
    float32 uncached model's error + KV_CACHE_ATOL32; float64 FLOAT64_ATOL (reordering ~100 additions of
    O(10) values moves ~1e-13). Measured on the committed checkpoint (logits up to ~30), 150 cases

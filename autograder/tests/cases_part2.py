@@ -99,23 +99,25 @@ class AttnCase:
         return {"q": q, "k": k, "v": v, **self.kwargs(), **extra}
 
 
-def tolerance(plain: torch.Tensor, expected: torch.Tensor, factor: float, dtype: torch.dtype) -> float:
+def tolerance(plain: torch.Tensor, expected: torch.Tensor, factor: float, dtype: torch.dtype,
+              atol: float | None = None) -> float:
     """The bound check_close applies: factor·max|plain - expected| (finite entries) + atol (tolerances rule 1)."""
-    return tol.plain_bound(tol.finite_max_err(plain, expected), factor, dtype)
+    err = tol.finite_max_err(plain, expected)
+    return tol.plain_bound(err, factor, dtype) if atol is None else factor * err + atol
 
 
 def close_or_diagnose(actual: Any, expected: torch.Tensor, *, what: str, inputs: dict[str, Any],
                       plain: torch.Tensor, factor: float, diagnose: Callable[[float], str],
-                      hint: str | None = None) -> None:
+                      hint: str | None = None, atol: float | None = None) -> None:
     """check_close; on failure, fail again with the hint of the known bug the output matches."""
     try:
-        check_close(actual, expected, what=what, inputs=inputs, plain=plain, factor=factor, hint=hint)
+        check_close(actual, expected, what=what, inputs=inputs, plain=plain, factor=factor, hint=hint, atol=atol)
         return
     except CheckFailure as first:
         if first.kind in ("type", "dtype", "shape"):
             raise
         try:
-            found = diagnose(tolerance(plain, expected, factor, plain.dtype))
+            found = diagnose(tolerance(plain, expected, factor, plain.dtype, atol))
         except Exception as exc:  # noqa: BLE001 -- a diagnosis must never hide the failure itself
             found = f"(diagnosis unavailable: {type(exc).__name__})"
         first.hint = found or hint
