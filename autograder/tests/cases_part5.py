@@ -495,9 +495,11 @@ def twin_prompts(shapes: tuple[tuple[int, int], ...], max_new_tokens: int, dtype
 
 def generate_flops_bound(prompt_len: int, batch: int, max_new_tokens: int) -> int:
     """Most matmul FLOPs of a cached generate: one prefill of the prompt, then one call per new token
-    but the last (each within call_flops_bound, cache max_len = prompt + new tokens)."""
+    (each within call_flops_bound, cache max_len = prompt + new tokens). The last token needs no call
+    (its logits are never used), but a generate that makes it anyway is correct, only a step wasteful:
+    the bound is there to catch recomputing the cached tokens, which costs a prefill per step."""
     max_len = prompt_len + max_new_tokens
-    return call_flops_bound(prompt_len, max_len, batch) + (max_new_tokens - 1) * call_flops_bound(1, max_len, batch)
+    return call_flops_bound(prompt_len, max_len, batch) + max_new_tokens * call_flops_bound(1, max_len, batch)
 
 
 def replayed_generations(student, prompts: list[list[int]], groups: list[list[int]], max_new_tokens: int,
