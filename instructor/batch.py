@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from autograder.engine import sanitize
+from autograder.grade import Parser, UsageError, positive_int, run_cli, writable_folder
 from autograder.engine.limits import Limits, check_overrides
 from autograder.engine.runner import DEFAULT_HIDDEN_DIR, DEFAULT_TESTS_DIR, TEST_SETS
 from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (tests, tools)
@@ -216,6 +217,10 @@ def check_setup(submissions: Path, out: Path, jobs: int | None, options: Options
 
     if out.exists() and not out.is_dir():
         no(f"--out {out} is a file; pass a folder (it is created if missing)")
+    try:  # before anyone is graded: a batch that cannot write its results grades nobody
+        writable_folder(out, "--out")
+    except UsageError as e:
+        no(str(e))
     if out == submissions or out.is_relative_to(submissions):
         no("the output folder must not be inside the submissions folder; choose another --out")
     if submissions.is_relative_to(out):
@@ -811,6 +816,10 @@ def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
             raise SystemExit(f"error: --out {out} is inside the shard folder {d}; choose a folder of its own")
     if out.exists() and not out.is_dir():
         raise SystemExit(f"error: --out {out} is a file; pass a folder (it is created if missing)")
+    try:
+        writable_folder(out, "--out")
+    except UsageError as e:
+        raise SystemExit(f"error: {e}") from None
     shards = [_read_shard(d) for d in dirs]
     _check_shards(shards)
     rows: dict[str, list[str]] = {}
@@ -851,25 +860,6 @@ def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a mistake is ONE line on stderr (what is wrong, what to do), exit status 2."""
-
-    def error(self, message: str):  # noqa: D401
-        self.exit(2, f"error: {sanitize.line(message, 300)} (see {self.prog} --help)\n")
-
-
-def _positive_int(flag: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a whole number, not {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be at least 1, not {value}")
-        return value
-    return parse
 
 
 def _seconds(text: str) -> float:
@@ -917,16 +907,16 @@ def _limit(text: str) -> tuple[str, float | int]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
-        ap = _Parser(prog="python -m instructor.batch merge", description="Join the grades of several --shard runs.")
+        ap = Parser(prog="python -m instructor.batch merge", description="Join the grades of several --shard runs.")
         ap.add_argument("shards", nargs="+", type=Path, help="the --out folders of the shards")
         ap.add_argument("--out", type=Path, required=True)
         a = ap.parse_args(argv[1:])
         print(merge(a.shards, a.out))
         return 0
-    ap = _Parser(prog="python -m instructor.batch", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m instructor.batch", description=__doc__.split("\n\n")[0])
     ap.add_argument("submissions", type=Path, help="folder with one entry (folder or .zip) per submission")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "autograde")
-    ap.add_argument("--jobs", type=_positive_int("--jobs"), default=None,
+    ap.add_argument("--jobs", type=positive_int("--jobs"), default=None,
                     help="judges in parallel (default: one per core)")
     ap.add_argument("--shard", type=parse_shard, default=None, help="grade only shard i of n (1-based), e.g. 3/8")
     ap.add_argument("--parts", type=_parts, default=None, help="comma-separated part numbers (default: all)")
@@ -953,4 +943,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))
