@@ -189,3 +189,14 @@ def test_the_makefiles_pass_every_path_as_one_word():
     demos = _dry_run(repo, "demos", "IMPL=my work")
     assert demos and all(w[w.index("--impl") + 1] == "my work" for w in demos if "--impl" in w)
 
+
+@pytest.mark.skipif(subprocess.run(["make", "--version"], capture_output=True).returncode != 0, reason="no make")
+def test_the_student_release_makefile_passes_impl_as_one_word(tmp_path):
+    from instructor import release
+
+    student = tmp_path / "release" / "Makefile"
+    student.parent.mkdir()
+    student.write_text(release.MAKEFILE.format(python=release.PYTHON, torch_index=release.TORCH_CPU_INDEX))
+    for target in ("grade", "grade-ci", "debug", "demos"):
+        lines = _dry_run(student, target, "IMPL=my work", "PART=1", "PY=python3")
+        assert set(_words_after(lines, "--impl" if target == "demos" else "-m", "--impl")) == {"my work"}, lines
