@@ -125,7 +125,8 @@ def grade_one(entry: Path | None, work: Path, options: Options, *, name: str | N
     submission controls; an engine failure becomes status "failed to grade" with its reason."""
     t0 = time.perf_counter()
     work = Path(work)
-    sub = take(work / "files") if take else intake.take(Path(entry), work / "files")
+    sub = take(work / "files") if take else intake.take(Path(entry), work / "files",
+                                                        wanted=intake.files_for_parts(options.parts))
     if name:
         sub.name = name
     report = failure = None
@@ -141,7 +142,7 @@ def failed(entry: Path, work: Path, options: Options, name: str, reason: str, de
            env: dict | None = None, elapsed: float | None = None) -> Graded:
     """The result for a submission whose judge died or hung: intake again (for the notes), no engine."""
     try:
-        sub = intake.take(Path(entry), Path(work) / "files-again")
+        sub = intake.take(Path(entry), Path(work) / "files-again", wanted=intake.files_for_parts(options.parts))
     except Exception as e:  # noqa: BLE001
         sub = intake.Submission(name=name, source=str(entry), error=f"intake failed ({type(e).__name__})")
     sub.name = name
@@ -163,14 +164,15 @@ def zero_report(reason: str, parts: Sequence[int] | None) -> dict:
             "errors": [reason], "hashes": {}}
 
 
-def _rejection(sub: intake.Submission) -> str:
+def _rejection(sub: intake.Submission, parts: Sequence[int] | None = None) -> str:
     """Why nothing of this submission could be graded (never empty)."""
     if sub.error:
         return f"submission rejected: {sub.error}"
     if sub.rejected:
         shown = "; ".join(f"{p}: {why}" for p, why in sub.rejected[:3])
         return f"no graded file was accepted ({shown}{' ...' if len(sub.rejected) > 3 else ''})"
-    return f"no graded files found (expected {', '.join(intake.all_graded_files())})"
+    expected = sub.wanted or intake.files_for_parts(list(parts) if parts else None)
+    return f"no graded files found (expected {', '.join(expected)})"
 
 
 def result(sub: intake.Submission, report: dict | None, failure: dict | None, options: Options,
@@ -181,7 +183,7 @@ def result(sub: intake.Submission, report: dict | None, failure: dict | None, op
     if failure is not None:
         status, reason = "failed to grade", f"failed to grade: {failure['reason']}"
     elif report is None:
-        status, reason = "rejected", _rejection(sub)
+        status, reason = "rejected", _rejection(sub, options.parts)
     else:
         status, reason = "graded", ""
     full = report if report is not None else zero_report(reason, options.parts)
