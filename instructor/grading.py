@@ -34,6 +34,10 @@ from . import intake
 DEFAULT_GRADER = "autograder.engine:grade"
 UID_BASE = 64000  # judge slot i runs its workers as uid UID_BASE + i (bubblewrap mode, as root)
 STATUSES = ("graded", "failed to grade", "rejected")
+# What a student is told when grading failed (the reason and the traceback are the instructor's: a
+# judge that hung, died or raised is the grader's problem, and its reason could mislead).
+NOT_GRADED = ("Not graded: grading failed on the grader's side, so this is not your grade. Your instructor "
+              "has the details and will regrade this submission.")
 
 
 @dataclass
@@ -186,8 +190,13 @@ def result(sub: intake.Submission, report: dict | None, failure: dict | None, op
         status, reason = "rejected", _rejection(sub, options.parts)
     else:
         status, reason = "graded", ""
-    full = report if report is not None else zero_report(reason, options.parts)
+    full = report if report is not None else zero_report(NOT_GRADED if failure is not None else reason, options.parts)
     view = student_view(full)
+    if failure is not None:  # no points a student could read as the grade: there is none yet
+        view["total"] = None
+        for row in view["parts"]:
+            row["points"], row["status"] = None, "not graded"
+        view["not_graded"] = NOT_GRADED
     view["student"] = sub.name
     view["status"] = status
     view["intake"] = {"notes": sub.notes(), "files": sub.files, "sha256": sub.sha256}
@@ -223,6 +232,8 @@ def feedback_markdown(graded: Graded) -> str:
     notes = view.get("intake", {}).get("notes", [])
     if notes:
         lines += ["## Your submission", ""] + [f"- {sanitize.code(n)}" for n in notes] + [""]
+    if graded.status == "failed to grade":
+        return "\n".join(lines + ["## Not graded", "", NOT_GRADED, ""])
     lines += ["## Grade", "", render_text(view).rstrip("\n")]
     hidden = hidden_summary(view)
     if hidden:
@@ -233,19 +244,40 @@ def feedback_markdown(graded: Graded) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(folder: Path, graded: Graded) -> None:
-    """A student's folder: feedback.md, feedback.json, results.json (Gradescope's format), and for
-    the instructor only grading-error.txt when grading failed."""
+def not_graded_results(view: dict, notes: list[str] | None = None) -> dict:
+    """results.json (Gradescope's format) for a submission that could not be graded: it says so, and
+    that the instructor will regrade it. No top-level score (an importer that needs one imports
+    nothing for it rather than a 0), top level hidden, and one visible entry of 0/0 points with the
+    note; the reason (a time-out, a dead judge) is the instructor's."""
+    text = NOT_GRADED + ("\n\nYour submission:\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+    return {
+        "output": NOT_GRADED, "output_format": "text", "visibility": "hidden", "stdout_visibility": "hidden",
+        "tests": [{"name": "Not graded: your instructor will regrade this submission", "number": "0", "score": 0.0,
+                   "max_score": 0.0, "status": "failed", "visibility": "visible", "output": text,
+                   "tags": ["not graded"]}],
+        "extra_data": {"status": "failed to grade", "regrade": True, "hashes": view.get("hashes", {}),
+                       "sandbox": view.get("sandbox")},
+    }
+
+
+def write_outputs(folder: Path, graded: Graded, private: Path | None = None) -> None:
+    """A student's folder: feedback.md, feedback.json, results.json (Gradescope's format), all of it
+    fit to hand to the student. When grading failed, the instructor's grading-error.txt (reason and
+    traceback) goes to `private`, a folder apart from the student's (never into theirs; without
+    `private` it is not written)."""
     from .gradescope.results import results_json
 
-    def write(name: str, text: str) -> None:  # JSON is ASCII; text is sanitized (the escape handler is a backstop)
-        (folder / name).write_text(text, encoding="utf-8", errors="backslashreplace")
+    def write(where: Path, name: str, text: str) -> None:  # JSON is ASCII; text is sanitized (the escape handler is a backstop)
+        (where / name).write_text(text, encoding="utf-8", errors="backslashreplace")
 
     folder.mkdir(parents=True, exist_ok=True)
     notes = graded.view["intake"]["notes"]
-    write("feedback.json", json.dumps(graded.view, indent=2, sort_keys=True) + "\n")
-    write("feedback.md", feedback_markdown(graded))
-    write("results.json", json.dumps(results_json(graded.view, notes=notes), indent=2) + "\n")
-    if graded.failure:
-        write("grading-error.txt", graded.failure["reason"] + "\n\n"
+    write(folder, "feedback.json", json.dumps(graded.view, indent=2, sort_keys=True) + "\n")
+    write(folder, "feedback.md", feedback_markdown(graded))
+    res = not_graded_results(graded.view, notes) if graded.status == "failed to grade" else \
+        results_json(graded.view, notes=notes)
+    write(folder, "results.json", json.dumps(res, indent=2) + "\n")
+    if graded.failure and private is not None:
+        private.mkdir(parents=True, exist_ok=True)
+        write(private, "grading-error.txt", graded.failure["reason"] + "\n\n"
               + sanitize.block(graded.failure.get("traceback", ""), 20000, 400))
