@@ -138,9 +138,7 @@ def writable_file(path: Path, flag: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a folder; pass a file name, e.g. {path / 'report.json'}")
-    if os.path.lexists(path):
-        if not path.is_file():
-            raise UsageError(f"{flag} {path} is not a regular file; pass another file name")
+    if os.path.lexists(path):  # a file to replace (or a device such as /dev/null)
         try:
             with open(path, "ab"):  # opens for writing, changes nothing
                 pass
