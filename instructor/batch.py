@@ -14,7 +14,9 @@ this process only renders it. One row per entry, always, with a reason on every 
     DIR/grades.csv                  one row per submission: source (the upload), status, parts, total
     DIR/<student>/feedback.md       what `make grade` shows, hidden tests named but not revealed
     DIR/<student>/feedback.json     the same as JSON (+ intake notes, hashes, sandbox mode)
-    DIR/<student>/results.json      Gradescope's results format
+    DIR/<student>/results.json      Gradescope's results format (failed to grade: "not graded, will regrade")
+    DIR/_instructor/<student>/grading-error.txt   the instructor's only: why grading failed
+    DIR/_instructor/written.json    the student folders batch runs wrote into DIR (replaced on a rerun)
     DIR/summary.json                graded / failed to grade / time, sandbox, environment hashes
 
 Regrading the same folder gives the same grades.csv byte for byte (no times in it; rows sorted),
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from autograder.engine import sanitize
+from autograder.grade import Parser, UsageError, positive_int, run_cli, writable_folder
 from autograder.engine.limits import Limits, check_overrides
 from autograder.engine.runner import DEFAULT_HIDDEN_DIR, DEFAULT_TESTS_DIR, TEST_SETS
 from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (tests, tools)
@@ -56,6 +59,14 @@ from .sandbox import SandboxError, require
 
 ROOT = Path(__file__).resolve().parent.parent
 RESERVED = {"grades.csv", "summary.json"}
+# Instructor-only material under --out, apart from the student folders (which are handed out whole):
+# PRIVATE/<student>/grading-error.txt, and the manifest of the student folders batch runs wrote there.
+# No student id starts with "_" (SAFE_ID), so no student folder is ever this one.
+PRIVATE = "_instructor"
+MANIFEST = "written.json"
+STUDENT_FILES = ("feedback.md", "feedback.json", "results.json")  # what the batch writes in a student's folder
+PRIVATE_FILES = ("grading-error.txt",)  # ... and in PRIVATE/<student>/
+OLD_STUDENT_FILES = ("grading-error.txt",)  # what earlier versions also wrote in a student's folder
 SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")  # what intake.student_name makes (and merge accepts)
 HIDDEN_REASON = "hidden entry (its name starts with a dot): not graded"
 
@@ -216,6 +227,10 @@ def check_setup(submissions: Path, out: Path, jobs: int | None, options: Options
 
     if out.exists() and not out.is_dir():
         no(f"--out {out} is a file; pass a folder (it is created if missing)")
+    try:  # before anyone is graded: a batch that cannot write its results grades nobody
+        writable_folder(out, "--out")
+    except UsageError as e:
+        no(str(e))
     if out == submissions or out.is_relative_to(submissions):
         no("the output folder must not be inside the submissions folder; choose another --out")
     if submissions.is_relative_to(out):
@@ -257,6 +272,8 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     info = choose_sandbox(options, sandbox, allow_weak)
     everyone = list_entries(submissions)
     entries = shard_of(everyone, shard)
+    previous = previous_outputs(out)  # before anyone is graded: refuse an --out we cannot account for
+    check_out_folders(out, [e.name for e in entries], previous)
     inline = jobs == 0  # grade in this process, one at a time (debugging; tests)
     jobs = 1 if inline else max(1, min(jobs or os.cpu_count() or 1, len(entries) or 1))
     calibrate = bool(entries) and options.scale_timeouts and options.grader == DEFAULT_GRADER
@@ -272,8 +289,13 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     env = environment()
     work = Path(tempfile.mkdtemp(prefix="autograde-"))  # intake copies: never in the instructor's tree
     results: dict[str, Graded] = {}
+
+    def prepare() -> None:  # once the set-up is checked, before the first student folder is written
+        clear_previous(out, previous, {e.name for e in entries})
+
     try:
-        if inline:
+        if inline or not entries:
+            prepare()
             grade = resolve(options.grader)
             for e in entries:
                 t0 = time.perf_counter()
@@ -285,7 +307,7 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
                 results[e.name] = _finish(out, e, graded)
         else:
             _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env,
-                       info if calibrate and jobs > 1 else None)
+                       info if calibrate and jobs > 1 else None, prepare)
     except SystemExit:  # refused before anyone was graded (the judges' reference check): leave no empty --out
         if created and not any(out.iterdir()):
             out.rmdir()
@@ -453,9 +475,11 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
 
 
 def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: Options, timeout_s: float,
-               progress: bool, results: dict, env: dict, calibrate_into: dict | None = None) -> None:
+               progress: bool, results: dict, env: dict, calibrate_into: dict | None = None,
+               prepare: Callable[[], None] | None = None) -> None:
     """Grade `entries` in `jobs` judges. calibrate_into: first scale the call time limits in the
-    judges (_calibrate_in_judges) and record how into this dict (the summary's info)."""
+    judges (_calibrate_in_judges) and record how into this dict (the summary's info). prepare: called
+    once the reference passed, before the first submission is graded (clear_previous)."""
     if not entries:
         return
     ctx = mp.get_context("spawn")  # a clean interpreter per judge; never fork a process with threads
@@ -472,6 +496,8 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
                 if not j.proc.is_alive():
                     j.kill()
                     judges[i] = Judge(ctx, j.slot, options)
+        if prepare is not None:
+            prepare()
         idle = list(judges)
         busy: list[Judge] = []
         while queue or busy:
@@ -554,8 +580,103 @@ def _finish(out: Path, e: Entry, graded: Graded) -> Graded:
     """Write one student's folder (grading.write_outputs); the entry's upload name is its source."""
     graded.name, graded.source = e.name, e.source
     graded.view["student"] = e.name
-    write_outputs(out / e.name, graded)
+    write_outputs(out / e.name, graded, private=out / PRIVATE / e.name)
     return graded
+
+
+# ---------------------------------------------------------------------------------------------
+# the output folder: what earlier runs wrote there, and nothing else, is replaced
+
+
+def _manifest_names(path: Path) -> set[str]:
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+        names = data["student_folders"]
+        if not (isinstance(names, list) and all(isinstance(n, str) and SAFE_ID.fullmatch(n) for n in names)):
+            raise ValueError("not a list of student ids")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        raise SystemExit(f"error: {path} is not the batch's record of what it wrote ({sanitize.line(type(e).__name__, 40)}); "
+                         "remove it, or choose an empty --out") from None
+    return set(names)
+
+
+def previous_outputs(out: Path) -> set[str]:
+    """The student folders earlier batch runs (or merges) wrote into `out`, from the manifest they
+    keep (PRIVATE/written.json); for an output folder of an earlier version without one, the
+    students of its grades.csv. Empty when `out` holds no batch output."""
+    manifest = out / PRIVATE / MANIFEST
+    if os.path.lexists(manifest):
+        return _manifest_names(manifest)
+    grades = out / "grades.csv"
+    if (out / "summary.json").is_file() and grades.is_file() and not grades.is_symlink():
+        try:
+            rows = list(csv.reader(io.StringIO(grades.read_bytes().decode("utf-8"), newline="")))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            return set()
+        return {r[0] for r in rows[1:] if r and SAFE_ID.fullmatch(r[0])}
+    return set()
+
+
+def check_out_folders(out: Path, names: Sequence[str], previous: set[str]) -> None:
+    """Refuse (one line, before anyone is graded) an --out where a student folder of this run, or the
+    instructor folder, is something no batch run wrote: the batch would write into it, or have to
+    delete it. A link is refused wherever it is: it is never followed."""
+    private = out / PRIVATE
+    if os.path.lexists(private) and (private.is_symlink() or not private.is_dir()):
+        raise SystemExit(f"error: {private} is not a folder the batch wrote; remove it, or choose an empty --out")
+    for n in names:
+        for p in (out / n, private / n):
+            if p.is_symlink() or (os.path.lexists(p) and (n not in previous or not p.is_dir())):
+                raise SystemExit(f"error: --out {out} already holds {p.name if p.parent == out else p}, which no batch "
+                                 "run wrote there; choose an empty --out (or remove it)")
+
+
+def _write_manifest(out: Path, names: set[str]) -> None:
+    private = out / PRIVATE
+    private.mkdir(exist_ok=True)
+    tmp = private / f".{MANIFEST}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.write_text(json.dumps({"student_folders": sorted(names)}, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, private / MANIFEST)
+
+
+def clear_previous(out: Path, previous: set[str], names: set[str], keep_off: Sequence[Path] = ()) -> None:
+    """Before the first student folder of a run is written: record every folder this run may write
+    (the manifest: earlier runs' and this one's, so that an interrupted run is accounted for too),
+    then remove what earlier runs wrote: the batch's own files in their student folders and in their
+    instructor folders, and each folder left empty. So no feedback from an earlier run stays where
+    it could be uploaded. Nothing the batch did not write is deleted: a folder that holds other
+    files stays (a warning names it), and nothing inside `keep_off` (the folders a merge reads)."""
+    out.mkdir(parents=True, exist_ok=True)
+    had_output = bool(previous) or os.path.lexists(out / PRIVATE / MANIFEST)
+    _write_manifest(out, previous | names)
+    if had_output:  # an earlier run's table and summary: rewritten at the end; never left to stand for this run
+        for f in ("grades.csv", "summary.json"):
+            if (out / f).is_file() and not (out / f).is_symlink():
+                (out / f).unlink()
+    kept = set()
+    for n in sorted(previous):
+        for folder, files in ((out / n, STUDENT_FILES + OLD_STUDENT_FILES), (out / PRIVATE / n, PRIVATE_FILES)):
+            if folder.is_symlink() or not folder.is_dir():
+                continue
+            if any(_overlaps(folder, k) for k in keep_off):
+                kept.add(n)
+                continue
+            for f in files:
+                if (folder / f).is_file() and not (folder / f).is_symlink():
+                    (folder / f).unlink()
+            try:
+                folder.rmdir()
+            except OSError:  # it holds files the batch did not write: they stay
+                kept.add(n)
+                print(f"warning: {folder} holds files no batch run wrote; they were left there", file=sys.stderr)
+    _write_manifest(out, names | kept)
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    """One of the two paths is the other or inside it (after resolving links)."""
+    a, b = Path(a).resolve(), Path(b).resolve()
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
 CSV_HEAD = ["student", "source", "status"]
@@ -660,6 +781,7 @@ def _write_summary(out: Path, everyone: list[Entry], entries: list[Entry], resul
                          for m in sorted({str(r.view.get("sandbox")) for r in rows})},
         "tests_sha256": sorted({h.get("tests") for h in hashes if h.get("tests")}),
         "failed": {r.name: r.reason for r in rows if r.status == "failed to grade"},
+        "student_folders": sorted(r.name for r in rows), "instructor_folder": PRIVATE,
         "per_submission_s": {r.name: round(r.elapsed_s, 2) for r in rows if r.elapsed_s},
         "engine_timing": {r.name: r.timing for r in rows if r.timing},  # worker starts, call time
     }
@@ -690,7 +812,7 @@ def print_summary(summary: dict, out: Path) -> None:
                                    f"(name starts with a dot; not graded, no row): {shown}", markup=False)
     for name, why in summary["failed"].items():
         Console(stderr=True).print(f"[red]failed to grade[/red] {escape(name)}: {escape(why)} "
-                                   f"(see {escape(str(out / name / 'grading-error.txt'))})")
+                                   f"(see {escape(str(out / PRIVATE / name / 'grading-error.txt'))})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -798,11 +920,58 @@ def _check_shards(shards: list[Shard]) -> None:
                          f"{n} --out folders")
 
 
+def _check_merge_targets(out: Path, dirs: list[Path], names: list[str], where: dict[str, Path]) -> None:
+    """Refuse, before anything is written, a merge that would write on, into or around a folder it
+    reads: each student's folder and instructor folder, and the merged files, against every shard."""
+    def refuse(what: str, path: Path, d: Path) -> None:
+        raise SystemExit(f"error: {what} would be written to {path}, which is, holds or lies inside the shard folder "
+                         f"{d} that merge reads; merge into a folder of its own (e.g. {out / 'all'})")
+
+    for name in names:
+        for t in (out / name, out / PRIVATE / name):
+            d = next((d for d in dirs if _overlaps(t, d)), None)
+            if d is not None:
+                refuse(f"the feedback of student {name}", t, d)
+        src = where[name] / name  # read from its own shard: never from (or around) another one
+        d = next((d for d in dirs if d != where[name] and _overlaps(src, d)), None)
+        if d is not None:
+            raise SystemExit(f"error: student {name}'s folder {src} is, holds or lies inside the shard folder {d}; "
+                             "pass shard folders that do not nest")
+    for t in (out / "grades.csv", out / "summary.json", out / PRIVATE):
+        d = next((d for d in dirs if _overlaps(t, d)), None)
+        if d is not None:
+            refuse(f"merge's {t.name}", t, d)
+
+
+def _copy_student(shard: Path, out: Path, name: str) -> None:
+    """Copy one student's files from a shard: the batch's own files, as regular files (a link is not
+    followed), the student's into out/<name>, the instructor's into out/PRIVATE/<name> (also from a
+    shard an earlier version wrote, with grading-error.txt in the student's folder)."""
+    def regular(p: Path) -> bool:
+        return p.is_file() and not p.is_symlink()
+
+    src = shard / name
+    if src.is_symlink() or not src.is_dir():
+        return
+    for f in STUDENT_FILES:
+        if regular(src / f):
+            (out / name).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / f, out / name / f)
+    for f in PRIVATE_FILES:
+        found = next((p for p in (shard / PRIVATE / name / f, src / f) if regular(p)), None)
+        if found is not None:
+            (out / PRIVATE / name).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(found, out / PRIVATE / name / f)
+
+
 def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
     """Join shard outputs: copies each student's folder into `out` and writes one grades.csv.
     Everything is checked before anything is copied: each shard's files (_read_shard), the set of
     shards (_check_shards: complete, cut from one entry list, graded alike), and that the rows are
-    exactly the run's students, each once. `out` may not be a shard's folder or inside one."""
+    exactly the run's students, each once; and the output folder: `out` may not be a shard's folder or
+    inside one, and nothing merge writes (a student's folder, its instructor folder, grades.csv, ...)
+    may be, hold or lie inside a folder it reads (a shard's), e.g. a student named `shard-2` merged into
+    the parent of `shard-2/`. What earlier runs wrote into `out` is replaced (clear_previous)."""
     dirs = [Path(d) for d in shard_dirs]
     out = Path(out)
     target = out.resolve()
@@ -811,6 +980,10 @@ def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
             raise SystemExit(f"error: --out {out} is inside the shard folder {d}; choose a folder of its own")
     if out.exists() and not out.is_dir():
         raise SystemExit(f"error: --out {out} is a file; pass a folder (it is created if missing)")
+    try:
+        writable_folder(out, "--out")
+    except UsageError as e:
+        raise SystemExit(f"error: {e}") from None
     shards = [_read_shard(d) for d in dirs]
     _check_shards(shards)
     rows: dict[str, list[str]] = {}
@@ -826,10 +999,12 @@ def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
     if missing:
         raise SystemExit(f"error: no shard has a row for {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {len(expected)}); regrade them")
-    out.mkdir(parents=True, exist_ok=True)
+    _check_merge_targets(out, dirs, sorted(rows), where)
+    previous = previous_outputs(out)
+    check_out_folders(out, sorted(rows), previous)
+    clear_previous(out, previous, set(rows), keep_off=dirs)
     for name in sorted(rows):
-        if (where[name] / name).is_dir():
-            shutil.copytree(where[name] / name, out / name, dirs_exist_ok=True)
+        _copy_student(where[name], out, name)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(shards[0].header)
@@ -845,31 +1020,13 @@ def merge(shard_dirs: Sequence[Path], out: Path) -> Path:
               "failed_to_grade": total("failed_to_grade"), "rejected": total("rejected"),
               "sandbox": sorted({str(s.get("sandbox", "?")) for s in sums}),
               "entries": expected, "entries_count": len(expected), "entries_sha256": sums[0]["entries_sha256"],
-              "fingerprint": sums[0]["fingerprint"], "shard": None, "skipped": sums[0].get("skipped", [])}
+              "fingerprint": sums[0]["fingerprint"], "shard": None, "skipped": sums[0].get("skipped", []),
+              "student_folders": sorted(rows), "instructor_folder": PRIVATE}
     (out / "summary.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     return out / "grades.csv"
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a mistake is ONE line on stderr (what is wrong, what to do), exit status 2."""
-
-    def error(self, message: str):  # noqa: D401
-        self.exit(2, f"error: {sanitize.line(message, 300)} (see {self.prog} --help)\n")
-
-
-def _positive_int(flag: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a whole number, not {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be at least 1, not {value}")
-        return value
-    return parse
 
 
 def _seconds(text: str) -> float:
@@ -917,16 +1074,16 @@ def _limit(text: str) -> tuple[str, float | int]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
-        ap = _Parser(prog="python -m instructor.batch merge", description="Join the grades of several --shard runs.")
+        ap = Parser(prog="python -m instructor.batch merge", description="Join the grades of several --shard runs.")
         ap.add_argument("shards", nargs="+", type=Path, help="the --out folders of the shards")
         ap.add_argument("--out", type=Path, required=True)
         a = ap.parse_args(argv[1:])
         print(merge(a.shards, a.out))
         return 0
-    ap = _Parser(prog="python -m instructor.batch", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m instructor.batch", description=__doc__.split("\n\n")[0])
     ap.add_argument("submissions", type=Path, help="folder with one entry (folder or .zip) per submission")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "autograde")
-    ap.add_argument("--jobs", type=_positive_int("--jobs"), default=None,
+    ap.add_argument("--jobs", type=positive_int("--jobs"), default=None,
                     help="judges in parallel (default: one per core)")
     ap.add_argument("--shard", type=parse_shard, default=None, help="grade only shard i of n (1-based), e.g. 3/8")
     ap.add_argument("--parts", type=_parts, default=None, help="comma-separated part numbers (default: all)")
@@ -953,4 +1110,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -34,6 +34,10 @@ from . import intake
 DEFAULT_GRADER = "autograder.engine:grade"
 UID_BASE = 64000  # judge slot i runs its workers as uid UID_BASE + i (bubblewrap mode, as root)
 STATUSES = ("graded", "failed to grade", "rejected")
+# What a student is told when grading failed (the reason and the traceback are the instructor's: a
+# judge that hung, died or raised is the grader's problem, and its reason could mislead).
+NOT_GRADED = ("Not graded: grading failed on the grader's side, so this is not your grade. Your instructor "
+              "has the details and will regrade this submission.")
 
 
 @dataclass
@@ -125,7 +129,8 @@ def grade_one(entry: Path | None, work: Path, options: Options, *, name: str | N
     submission controls; an engine failure becomes status "failed to grade" with its reason."""
     t0 = time.perf_counter()
     work = Path(work)
-    sub = take(work / "files") if take else intake.take(Path(entry), work / "files")
+    sub = take(work / "files") if take else intake.take(Path(entry), work / "files",
+                                                        wanted=intake.files_for_parts(options.parts))
     if name:
         sub.name = name
     report = failure = None
@@ -141,7 +146,7 @@ def failed(entry: Path, work: Path, options: Options, name: str, reason: str, de
            env: dict | None = None, elapsed: float | None = None) -> Graded:
     """The result for a submission whose judge died or hung: intake again (for the notes), no engine."""
     try:
-        sub = intake.take(Path(entry), Path(work) / "files-again")
+        sub = intake.take(Path(entry), Path(work) / "files-again", wanted=intake.files_for_parts(options.parts))
     except Exception as e:  # noqa: BLE001
         sub = intake.Submission(name=name, source=str(entry), error=f"intake failed ({type(e).__name__})")
     sub.name = name
@@ -163,14 +168,15 @@ def zero_report(reason: str, parts: Sequence[int] | None) -> dict:
             "errors": [reason], "hashes": {}}
 
 
-def _rejection(sub: intake.Submission) -> str:
+def _rejection(sub: intake.Submission, parts: Sequence[int] | None = None) -> str:
     """Why nothing of this submission could be graded (never empty)."""
     if sub.error:
         return f"submission rejected: {sub.error}"
     if sub.rejected:
         shown = "; ".join(f"{p}: {why}" for p, why in sub.rejected[:3])
         return f"no graded file was accepted ({shown}{' ...' if len(sub.rejected) > 3 else ''})"
-    return f"no graded files found (expected {', '.join(intake.all_graded_files())})"
+    expected = sub.wanted or intake.files_for_parts(list(parts) if parts else None)
+    return f"no graded files found (expected {', '.join(expected)})"
 
 
 def result(sub: intake.Submission, report: dict | None, failure: dict | None, options: Options,
@@ -181,11 +187,16 @@ def result(sub: intake.Submission, report: dict | None, failure: dict | None, op
     if failure is not None:
         status, reason = "failed to grade", f"failed to grade: {failure['reason']}"
     elif report is None:
-        status, reason = "rejected", _rejection(sub)
+        status, reason = "rejected", _rejection(sub, options.parts)
     else:
         status, reason = "graded", ""
-    full = report if report is not None else zero_report(reason, options.parts)
+    full = report if report is not None else zero_report(NOT_GRADED if failure is not None else reason, options.parts)
     view = student_view(full)
+    if failure is not None:  # no points a student could read as the grade: there is none yet
+        view["total"] = None
+        for row in view["parts"]:
+            row["points"], row["status"] = None, "not graded"
+        view["not_graded"] = NOT_GRADED
     view["student"] = sub.name
     view["status"] = status
     view["intake"] = {"notes": sub.notes(), "files": sub.files, "sha256": sub.sha256}
@@ -221,6 +232,8 @@ def feedback_markdown(graded: Graded) -> str:
     notes = view.get("intake", {}).get("notes", [])
     if notes:
         lines += ["## Your submission", ""] + [f"- {sanitize.code(n)}" for n in notes] + [""]
+    if graded.status == "failed to grade":
+        return "\n".join(lines + ["## Not graded", "", NOT_GRADED, ""])
     lines += ["## Grade", "", render_text(view).rstrip("\n")]
     hidden = hidden_summary(view)
     if hidden:
@@ -231,19 +244,40 @@ def feedback_markdown(graded: Graded) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(folder: Path, graded: Graded) -> None:
-    """A student's folder: feedback.md, feedback.json, results.json (Gradescope's format), and for
-    the instructor only grading-error.txt when grading failed."""
+def not_graded_results(view: dict, notes: list[str] | None = None) -> dict:
+    """results.json (Gradescope's format) for a submission that could not be graded: it says so, and
+    that the instructor will regrade it. No top-level score (an importer that needs one imports
+    nothing for it rather than a 0), top level hidden, and one visible entry of 0/0 points with the
+    note; the reason (a time-out, a dead judge) is the instructor's."""
+    text = NOT_GRADED + ("\n\nYour submission:\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+    return {
+        "output": NOT_GRADED, "output_format": "text", "visibility": "hidden", "stdout_visibility": "hidden",
+        "tests": [{"name": "Not graded: your instructor will regrade this submission", "number": "0", "score": 0.0,
+                   "max_score": 0.0, "status": "failed", "visibility": "visible", "output": text,
+                   "tags": ["not graded"]}],
+        "extra_data": {"status": "failed to grade", "regrade": True, "hashes": view.get("hashes", {}),
+                       "sandbox": view.get("sandbox")},
+    }
+
+
+def write_outputs(folder: Path, graded: Graded, private: Path | None = None) -> None:
+    """A student's folder: feedback.md, feedback.json, results.json (Gradescope's format), all of it
+    fit to hand to the student. When grading failed, the instructor's grading-error.txt (reason and
+    traceback) goes to `private`, a folder apart from the student's (never into theirs; without
+    `private` it is not written)."""
     from .gradescope.results import results_json
 
-    def write(name: str, text: str) -> None:  # JSON is ASCII; text is sanitized (the escape handler is a backstop)
-        (folder / name).write_text(text, encoding="utf-8", errors="backslashreplace")
+    def write(where: Path, name: str, text: str) -> None:  # JSON is ASCII; text is sanitized (the escape handler is a backstop)
+        (where / name).write_text(text, encoding="utf-8", errors="backslashreplace")
 
     folder.mkdir(parents=True, exist_ok=True)
     notes = graded.view["intake"]["notes"]
-    write("feedback.json", json.dumps(graded.view, indent=2, sort_keys=True) + "\n")
-    write("feedback.md", feedback_markdown(graded))
-    write("results.json", json.dumps(results_json(graded.view, notes=notes), indent=2) + "\n")
-    if graded.failure:
-        write("grading-error.txt", graded.failure["reason"] + "\n\n"
+    write(folder, "feedback.json", json.dumps(graded.view, indent=2, sort_keys=True) + "\n")
+    write(folder, "feedback.md", feedback_markdown(graded))
+    res = not_graded_results(graded.view, notes) if graded.status == "failed to grade" else \
+        results_json(graded.view, notes=notes)
+    write(folder, "results.json", json.dumps(res, indent=2) + "\n")
+    if graded.failure and private is not None:
+        private.mkdir(parents=True, exist_ok=True)
+        write(private, "grading-error.txt", graded.failure["reason"] + "\n\n"
               + sanitize.block(graded.failure.get("traceback", ""), 20000, 400))

@@ -10,7 +10,8 @@ Rejected, each with a one-line reason shown in the student's feedback:
 - a path that escapes the submission (absolute, or with `..`: a "zip slip");
 - a symbolic or hard link, a device, a fifo (for a directory) or a link entry (for a zip);
 - a graded file over `max_file_bytes`, not UTF-8 (a PEP 263 coding cookie other than utf-8
-  included: the worker would decode the file by it), with NUL bytes, or not valid Python;
+  included: the worker would decode the file by it; UTF-16 and UTF-32 are named as such), with NUL
+  bytes, or not valid Python;
 - a graded file that is ambiguous: a zip holding two members that name the same path (after
   '\\' -> '/', './' and '//' are normalised), or two folders with the graded files alike;
 - a whole submission that is neither a directory nor a .zip, a corrupt or encrypted zip, or one
@@ -18,12 +19,16 @@ Rejected, each with a one-line reason shown in the student's feedback:
   folder, before anything else is read).
 `take` never raises: anything unexpected becomes a rejection naming the exception's type (never a
 traceback, never one of the instructor's paths).
-Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data) is ignored and
-listed as such. A graded file that is absent, or rejected, costs that part its points.
+The graded files are taken from the folder holding most of them; one that is not there but is
+exactly once elsewhere is taken from there (a note says where), one that is elsewhere several times
+is rejected as ambiguous. `take(wanted=files_for_parts(parts))` takes and names only the files of
+the parts graded. Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data)
+is ignored and listed as such. A graded file that is absent, or rejected, costs that part its points.
 """
 from __future__ import annotations
 
 import codecs
+import functools
 import hashlib
 import io
 import os
@@ -75,6 +80,20 @@ def graded_files(rubric: Path = RUBRIC) -> dict[int, str]:
     return found or dict(DEFAULT_FILES)
 
 
+def files_for_parts(parts: list[int] | None, rubric: Path = RUBRIC) -> list[str]:
+    """The graded files (and the files their tests use) of these parts, from the rubric, sorted;
+    every graded file when `parts` is None. Intake takes, and talks about, only these."""
+    if not parts:
+        return all_graded_files(rubric)
+    try:
+        data = tomllib.loads(rubric.read_text(encoding="utf-8"))
+        names = {os.path.basename(str(f)) for part in data.get("part", []) if int(part["number"]) in set(parts)
+                 for f in [*part["files"], *part.get("uses", [])]}
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError):
+        names = {DEFAULT_FILES[n] for n in parts if n in DEFAULT_FILES}
+    return sorted(n for n in names if n.endswith(".py"))
+
+
 def all_graded_files(rubric: Path = RUBRIC) -> list[str]:
     """Every graded file name in the rubric (a part may have several), sorted."""
     try:
@@ -100,6 +119,10 @@ class Submission:
     ignored_count: int = 0
     error: str | None = None
     near: dict[str, str] = field(default_factory=dict)  # missing graded file -> the ignored file it resembles
+    wanted: list[str] = field(default_factory=list)  # the graded files asked for (of the parts graded)
+    elsewhere: dict[str, str] = field(default_factory=dict)  # graded file -> where it was taken from, when
+    # it is not in the folder with the others (root)
+    root: str = ""  # the folder the graded files were taken from ("." = the submission's top)
     _ignored_names: list[str] = field(default_factory=list, repr=False)  # their base names (_ignore), for `near`
 
     @property
@@ -116,6 +139,9 @@ class Submission:
         if self.error:
             lines.append(f"submission rejected: {self.error}")
         lines += [f"{path}: rejected: {why}" for path, why in self.rejected]
+        where = "the top folder" if self.root in ("", ".") else f"'{self.root}'"
+        lines += [f"{name}: taken from '{path}' (it is not in {where} with the other graded files)"
+                  for name, path in sorted(self.elsewhere.items())]
         lines += [f"{name}: missing (that part scores 0)" + (
             f"; did you mean {self.near[name]!r}? graded files must have exactly these names"
             if name in self.near else "") for name in self.missing]
@@ -128,7 +154,7 @@ class Submission:
         return {
             "name": self.name, "source": self.source, "files": self.files, "missing": self.missing,
             "rejected": [list(r) for r in self.rejected], "ignored_count": self.ignored_count,
-            "error": self.error, "sha256": self.sha256,
+            "error": self.error, "sha256": self.sha256, "found_elsewhere": self.elsewhere,
         }
 
 
@@ -145,6 +171,9 @@ def check_source(name: str, data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -
     """None if `data` is an acceptable graded Python file, else the reason it is not."""
     if len(data) > max_file_bytes:
         return f"file too large ({len(data)} bytes > {max_file_bytes})"
+    wide = wide_encoding(data)
+    if wide:
+        return f"saved as {wide}: save it as UTF-8 (your editor's 'save with encoding')"
     if b"\0" in data:
         return "not a Python source file (contains NUL bytes)"
     try:
@@ -160,6 +189,33 @@ def check_source(name: str, data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -
         return f"not valid Python: {e.msg} (line {e.lineno}); fix the syntax error"
     except (ValueError, RecursionError, MemoryError) as e:  # pathological input
         return f"not valid Python ({type(e).__name__})"
+    return None
+
+
+# UTF-32 before UTF-16: a UTF-32-LE byte order mark starts with UTF-16-LE's
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+              (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
+_WIDE = (("utf-32-le", "UTF-32", 4), ("utf-32-be", "UTF-32", 4), ("utf-16-le", "UTF-16", 2), ("utf-16-be", "UTF-16", 2))
+
+
+def wide_encoding(data: bytes) -> str | None:
+    """"UTF-16" or "UTF-32" when `data` is text saved in that encoding (Windows editors, PowerShell's
+    '>' redirection): by its byte order mark, or, without one, when it holds NUL bytes and decodes
+    in that encoding to text without NUL characters, almost all printable. Else None."""
+    for bom, name in _WIDE_BOMS:
+        if data.startswith(bom):
+            return name
+    if b"\0" not in data:
+        return None
+    for codec, name, width in _WIDE:
+        if len(data) % width:
+            continue
+        try:
+            text = data.decode(codec)
+        except UnicodeDecodeError:
+            continue
+        if "\0" not in text and sum(ch.isprintable() or ch in "\t\n\r\f" for ch in text) >= 0.95 * len(text):
+            return name
     return None
 
 
@@ -229,8 +285,8 @@ def take(entry: Path, dest: Path, *, wanted: list[str] | None = None,
     Never raises: problems land in the returned Submission. Whatever escapes the checks below (a
     zipfile or OS quirk nobody listed) rejects the entry with the exception's type, so that one
     hostile upload costs its own grade, never the batch."""
-    wanted = list(wanted or all_graded_files())
-    sub = Submission(name=student_name(entry), source=str(entry))
+    wanted = sorted(set(wanted or all_graded_files()))
+    sub = Submission(name=student_name(entry), source=str(entry), wanted=wanted)
     try:
         return _take(entry, dest, sub, wanted, max_file_bytes, max_entries)
     except Exception as e:  # noqa: BLE001 -- see above; MemoryError and RecursionError included
@@ -241,6 +297,10 @@ def take(entry: Path, dest: Path, *, wanted: list[str] | None = None,
 
 def _take(entry: Path, dest: Path, sub: Submission, wanted: list[str], max_file_bytes: int,
           max_entries: int) -> Submission:
+    # Every graded file takes part in choosing the folder they are taken from, also when only some
+    # parts are graded (the same folder as a run of all parts); only the wanted ones are read, and
+    # only they are named in the notes (missing, rejected, ...).
+    known = set(all_graded_files()) | set(wanted)
     try:
         st = os.lstat(entry)
     except OSError as e:
@@ -251,9 +311,9 @@ def _take(entry: Path, dest: Path, sub: Submission, wanted: list[str], max_file_
         return sub
     try:
         if stat.S_ISDIR(st.st_mode):
-            contents = _read_dir(entry, set(wanted), sub, max_file_bytes, max_entries)
+            contents = _read_dir(entry, known, sub, max_file_bytes, max_entries)
         elif stat.S_ISREG(st.st_mode) and entry.name.lower().endswith(".zip"):
-            contents = _read_zip(entry, set(wanted), sub, max_file_bytes, max_entries)
+            contents = _read_zip(entry, known, sub, max_file_bytes, max_entries)
         else:
             sub.error = "not a folder or a .zip file"
             return sub
@@ -305,7 +365,7 @@ class _Reject(Exception):
     """The whole submission is rejected (message = the reason)."""
 
 
-def _read_dir(root: Path, wanted: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
+def _read_dir(root: Path, known: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
     candidates: dict[str, list[str]] = {}
     count = 0
     stack: list[tuple[Path, str, int]] = [(root, "", 0)]
@@ -340,14 +400,14 @@ def _read_dir(root: Path, wanted: set[str], sub: Submission, max_bytes: int, max
                 stack.append((Path(e.path), path, depth + 1))
             elif not stat.S_ISREG(st.st_mode):
                 _reject(sub, path, "not a regular file (device, fifo or socket)")
-            elif e.name in wanted:
+            elif e.name in known:
                 if st.st_nlink > 1:
                     _reject(sub, path, "hard link (copy the file instead)")
                 else:
                     candidates.setdefault(e.name, []).append(path)
             else:
                 _ignore(sub, path)
-    return _collect(candidates, wanted, sub, max_bytes, lambda p: _read_capped(root / p, max_bytes))
+    return _collect(candidates, known, sub, max_bytes, lambda p: _read_capped(root / p, max_bytes))
 
 
 def _read_capped(path: Path, max_bytes: int) -> bytes:
@@ -393,7 +453,7 @@ def _member_path(name: str) -> str:
     return "/".join(p for p in name.split("/") if p not in ("", "."))
 
 
-def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
+def _read_zip(path: Path, known: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
     counted = _zip_directory_size(path)
     if counted and (counted[0] > max_entries or counted[1] > max_entries * CD_ENTRY_MAX_BYTES):
         raise _Reject(f"zip has {counted[0]} entries in a {counted[1]}-byte directory (more than {max_entries} "
@@ -425,7 +485,7 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
             parts = norm.split("/")
             if any(p in SKIP_DIRS for p in parts[:-1]):
                 continue
-            if parts[-1] in wanted:
+            if parts[-1] in known:
                 graded.setdefault(norm, []).append(info)
             else:
                 _ignore(sub, name)
@@ -449,7 +509,7 @@ def _read_zip(path: Path, wanted: set[str], sub: Submission, max_bytes: int, max
                 return f.read(max_bytes + 1)
 
         try:
-            return _collect(candidates, wanted, sub, max_bytes, read)
+            return _collect(candidates, known, sub, max_bytes, read)
         except Exception as e:  # noqa: BLE001 -- BadZipFile (a bad CRC), zlib.error, EOFError, ...
             raise _Reject(f"corrupt zip file ({_describe(e)})") from None
 
@@ -463,28 +523,57 @@ def _ignore(sub: Submission, path: str) -> None:
 
 
 def _reject(sub: Submission, path: str, why: str) -> None:
-    """Record a rejected path; the name is the submission's choice (any bytes): sanitized here."""
+    """Record a rejected path; the name is the submission's choice (any bytes): sanitized here. A
+    graded file of a part that is not graded now is not the student's concern in this run: left out."""
+    base = _zip_name(path).rstrip("/").rsplit("/", 1)[-1]
+    if sub.wanted and base not in sub.wanted and base in _graded_names():
+        return
     sub.rejected.append((sanitize.name(path, 200), sanitize.line(why, 300)))
 
 
-def _collect(candidates: dict[str, list[str]], wanted: set[str], sub: Submission, max_bytes: int, read) -> dict[str, bytes]:
-    root, error = _pick_root(candidates, wanted)
+@functools.lru_cache(maxsize=1)
+def _graded_names() -> frozenset[str]:
+    return frozenset(all_graded_files())
+
+
+def _collect(candidates: dict[str, list[str]], known: set[str], sub: Submission, max_bytes: int, read) -> dict[str, bytes]:
+    """Read the wanted graded files from the folder that holds most graded files (_pick_root). A
+    wanted file that is not there but is exactly once elsewhere in the submission is taken from
+    there (the note says where); one that is elsewhere several times is rejected as ambiguous,
+    naming the copies: never "missing" when the student did submit it."""
+    root, error = _pick_root(candidates, known)
     if error:
         raise _Reject(error)
+    sub.root = sanitize.name(root or ".", 200)
     out: dict[str, bytes] = {}
+    wanted = set(sub.wanted or known)
     for name, paths in sorted(candidates.items()):
-        for p in sorted(paths):
-            if str(PurePosixPath(p).parent) != root:
+        if name not in wanted:
+            continue
+        here = [p for p in sorted(paths) if str(PurePosixPath(p).parent) == root]
+        there = [p for p in sorted(paths) if str(PurePosixPath(p).parent) != root]
+        if here:
+            for p in there:
                 _ignore(sub, p)  # a second copy elsewhere (e.g. a backup folder): not graded
-                continue
-            try:
-                data = read(p)
-            except OSError as e:
-                _reject(sub, p, f"cannot read ({_describe(e)})")
-                continue
-            why = check_source(name, data, max_bytes)
-            if why:
-                _reject(sub, p, why)
-            else:
-                out[name] = data.removeprefix(BOM)
+            p = here[0]
+        elif len(there) == 1:
+            p = there[0]
+        else:
+            shown = ", ".join(f"'{sanitize.name(x, 120)}'" for x in there[:4]) + (" ..." if len(there) > 4 else "")
+            where = "the top folder" if root in (None, ".") else f"'{root}'"
+            _reject(sub, name, f"not in {where} with the other graded files, and {len(there)} copies elsewhere "
+                               f"({shown}): which one to grade is ambiguous; keep one, beside the other graded files")
+            continue
+        try:
+            data = read(p)
+        except OSError as e:
+            _reject(sub, p, f"cannot read ({_describe(e)})")
+            continue
+        why = check_source(name, data, max_bytes)
+        if why:
+            _reject(sub, p, why)
+        else:
+            out[name] = data.removeprefix(BOM)
+            if p in there:
+                sub.elsewhere[name] = sanitize.name(p, 200)
     return out

@@ -254,9 +254,13 @@ def test_batch_grades_every_entry_and_writes_the_results(full):
         v = json.loads((out / name / "feedback.json").read_text())
         assert v["sandbox"].startswith("none") and v["hashes"]["pip_freeze_sha256"]
         gs = json.loads((out / name / "results.json").read_text())
+        assert sorted(p.name for p in (out / name).iterdir()) == ["feedback.json", "feedback.md", "results.json"]
+        if rows[name]["status"] == "failed to grade":
+            continue
         assert gs["score"] == float(rows[name]["total"] or 0)
         assert {t["visibility"] for t in gs["tests"]} <= {"visible", "after_published"}
-    assert (out / "cat" / "grading-error.txt").is_file()  # the traceback, for the instructor only
+    # the traceback, for the instructor only: apart from the folders handed to students
+    assert "grading blew up" in (out / "_instructor" / "cat" / "grading-error.txt").read_text()
     assert "Traceback" not in (out / "cat" / "feedback.md").read_text()
 
 
@@ -288,6 +292,20 @@ def test_a_hanging_or_dying_judge_is_replaced_and_the_batch_completes(tmp_path):
     assert rows["hang"]["status"] == "failed to grade" and "longer than 15 s" in rows["hang"]["reason"]
     assert rows["ok"]["total"] == "15" and rows["ok"]["status"] == "graded"  # graded by a fresh judge
     assert time.perf_counter() - t0 < 120  # generous: the hang itself would take 600 s
+    # what the student gets says plainly that it is not a grade, and nothing of the instructor's reason
+    for name in ("die", "hang"):
+        res = json.loads((tmp_path / "out" / name / "results.json").read_text())
+        assert "score" not in res and res["visibility"] == "hidden" and res["extra_data"]["regrade"] is True
+        (shown,) = [t for t in res["tests"] if t["visibility"] == "visible"]
+        assert shown["max_score"] == 0 and "will regrade" in shown["output"] and "not your grade" in shown["output"]
+        view = json.loads((tmp_path / "out" / name / "feedback.json").read_text())
+        assert view["total"] is None and all(p["points"] is None for p in view["parts"])
+        student = "".join((tmp_path / "out" / name / f).read_text() for f in ("results.json", "feedback.json",
+                                                                              "feedback.md"))
+        assert "longer than" not in student and "died" not in student and "will regrade" in student
+        assert sorted(p.name for p in (tmp_path / "out" / name).iterdir()) == ["feedback.json", "feedback.md",
+                                                                                "results.json"]
+    assert "longer than 15 s" in (tmp_path / "out" / "_instructor" / "hang" / "grading-error.txt").read_text()
 
 
 def test_student_view_hides_hidden_details_and_truncates_output():
@@ -604,3 +622,67 @@ def test_merge_refuses_shards_cut_from_other_folders_or_graded_differently(folde
     with pytest.raises(SystemExit, match="inside the shard folder"):
         merge(dirs, dirs[0] / "all")
     assert not any((tmp_path / m).exists() for m in ("m1", "m2", "m3", "m4")) and not (dirs[0] / "all").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# the output folder: a reused --out keeps no earlier feedback; merge never writes into a shard
+
+
+def test_a_reused_out_keeps_no_feedback_from_an_earlier_run_and_deletes_nothing_else(tmp_path):
+    subs = tmp_path / "subs"
+    _submission(subs / "ann", {"online_softmax.py": "CORRECT"})
+    _submission(subs / "zero", {})
+    _submission(subs / "cat", {"flash_forward.py": "RAISE"})
+    out = tmp_path / "out"
+    _batch(subs, out, jobs=0)
+    assert (out / "zero" / "results.json").is_file() and (out / "_instructor" / "cat" / "grading-error.txt").is_file()
+    (out / "zero" / "mine.txt").write_text("the instructor's own note")  # not the batch's: stays
+    (out / "notes").mkdir()  # nobody's student folder: untouched
+    shutil.rmtree(subs / "zero")
+    shutil.rmtree(subs / "cat")
+    _submission(subs / "cat", {"flash_forward.py": "CORRECT"})
+    summary = _batch(subs, out, jobs=0)
+    assert sorted(_rows(out)) == ["ann", "cat"] and summary["student_folders"] == ["ann", "cat"]
+    assert sorted(p.name for p in (out / "zero").iterdir()) == ["mine.txt"]  # its feedback is gone
+    assert not (out / "_instructor" / "cat").exists()  # the earlier run's traceback too
+    assert (out / "notes").is_dir() and (out / "ann" / "feedback.md").is_file()
+    # an output folder of an earlier version (no record, grading-error.txt in the student's folder)
+    (out / "_instructor" / "written.json").unlink()
+    (out / "cat" / "grading-error.txt").write_text("old traceback")
+    shutil.rmtree(subs / "cat")
+    _batch(subs, out, jobs=0)
+    assert not (out / "cat").exists() and sorted(_rows(out)) == ["ann"]
+
+
+def test_an_out_holding_a_student_folder_no_batch_wrote_is_refused_before_grading(tmp_path, capsys):
+    from instructor.batch import main
+
+    subs = tmp_path / "subs"
+    _submission(subs / "ann", {"online_softmax.py": "CORRECT"})
+    out = _mkdir(tmp_path / "out")
+    (out / "ann").mkdir()
+    (out / "ann" / "keep.txt").write_text("x")
+    with pytest.raises(SystemExit, match="already holds ann, which no batch run wrote"):
+        _batch(subs, out, jobs=0)
+    (out / "_instructor").mkdir()
+    (out / "_instructor" / "written.json").write_text("[not json")
+    assert "not the batch's record" in _one_line_error([str(subs), "--out", str(out), "--sandbox", "off",
+                                                        "--allow-weak-sandbox"], capsys)
+    assert sorted(p.name for p in out.rglob("*")) == ["_instructor", "ann", "keep.txt", "written.json"]
+
+
+def test_merge_refuses_to_write_a_student_folder_into_a_shard_folder(tmp_path):
+    """A student named like a shard folder, merged into the shards' parent: refused before writing."""
+    subs = tmp_path / "subs"
+    _submission(subs / "ann", {"online_softmax.py": "CORRECT"})
+    _submission(subs / "shard-2", {"flash_forward.py": "CORRECT"})
+    out = tmp_path / "out"
+    for i in (1, 2):
+        _batch(subs, out / f"shard-{i}", jobs=0, shard=(i, 2))
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with pytest.raises(SystemExit, match=r"student shard-2 would be written to .*shard-2.* shard folder"):
+        merge([out / "shard-1", out / "shard-2"], out)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before  # nothing written
+    merged = merge([out / "shard-1", out / "shard-2"], tmp_path / "all")
+    assert [r["student"] for r in csv.DictReader(merged.open())] == ["ann", "shard-2"]
+    assert (tmp_path / "all" / "shard-2" / "feedback.md").is_file()

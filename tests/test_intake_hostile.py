@@ -188,3 +188,84 @@ def test_two_starter_folders_alike_are_ambiguous(tmp_path):
                                          ("=HYPERLINK(x)", "HYPERLINK_x_"), ("alice.zip", "alice"), ("..", "submission")])
 def test_student_ids_start_with_a_letter_or_digit(upload, sid):
     assert intake.student_name(Path(upload)).rstrip("_") == sid.rstrip("_")
+
+
+# ---------------------------------------------------------------------------------------------
+# a graded file beside the chosen folder; only the parts graded; UTF-16/32
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_a_graded_file_outside_the_chosen_folder_is_taken_when_it_is_there_once(tmp_path):
+    """starter/ holds five graded files, the sixth is one level up: it is graded (the note says where
+    it was found), not reported as missing and ignored."""
+    moved = FILES[0]
+    s = _tree(tmp_path / "s", {**{f"starter/{f}": f"# {f}\nx = 1\n" for f in FILES[1:]}, moved: "y = 2\n"})
+    sub = intake.take(s, tmp_path / "d1")
+    assert sorted(sub.files) == sorted(FILES) and not sub.missing and not sub.rejected
+    assert (tmp_path / "d1" / moved).read_text() == "y = 2\n"
+    notes = "\n".join(sub.notes())
+    assert f"{moved}: taken from '{moved}'" in notes and "'starter'" in notes and "missing" not in notes
+    assert not any(moved in line for line in sub.notes() if line.startswith("ignored")), notes  # not also ignored
+    z = tmp_path / "s.zip"  # the same in a zip, deeper
+    with zipfile.ZipFile(z, "w") as zf:
+        for f in FILES[1:]:
+            zf.writestr(f"hw/code/starter/{f}", "x = 1\n")
+        zf.writestr(f"hw/notes/{moved}", "y = 3\n")
+    sub = intake.take(z, tmp_path / "d2")
+    assert sorted(sub.files) == sorted(FILES) and sub.elsewhere == {moved: f"hw/notes/{moved}"}, sub.notes()
+
+
+def test_a_graded_file_outside_the_chosen_folder_twice_is_named_ambiguous_not_missing(tmp_path):
+    moved = FILES[0]
+    s = _tree(tmp_path / "s", {**{f"starter/{f}": "x = 1\n" for f in FILES[1:]}, f"a/{moved}": "y = 1\n",
+                               f"b/{moved}": "y = 2\n"})
+    sub = intake.take(s, tmp_path / "d")
+    assert moved not in sub.files and moved not in sub.missing and sorted(sub.files) == sorted(FILES[1:])
+    (path, why), = sub.rejected
+    assert path == moved and "2 copies elsewhere" in why and f"'a/{moved}'" in why and f"'b/{moved}'" in why
+    assert "missing" not in "\n".join(sub.notes())
+    # a copy beside the chosen folder's own is still a backup, ignored (the starter/ rule is unchanged)
+    s2 = _tree(tmp_path / "s2", {**{f"starter/{f}": "x = 1\n" for f in FILES}, f"old/{moved}": "y = 1\n"})
+    sub = intake.take(s2, tmp_path / "d2")
+    assert (tmp_path / "d2" / moved).read_text() == "x = 1\n" and not sub.elsewhere
+    assert any(p == f"old/{moved}" for p in sub.ignored)
+
+
+def test_only_the_files_of_the_parts_graded_are_taken_and_named(tmp_path):
+    """--parts 1: the other parts' files are neither missing nor rejected nor ignored in the notes,
+    and a rejected entry's reason names only part 1's file; the folder is chosen as for all parts."""
+    from instructor.grading import Options, grade_one
+
+    one = intake.files_for_parts([1])
+    assert one == ["online_softmax.py"] and intake.files_for_parts(None) == FILES
+    s = _tree(tmp_path / "s", {"work/online_softmax.py": "x = 1\n", "work/flash_forward.py": "def f(:\n",
+                               "online_softmax.py": "old = 1\n", "notes.txt": "x"})
+    os.link(s / "notes.txt", s / "kv_cache.py")  # a hard link: rejected, were part 5 graded
+    sub = intake.take(s, tmp_path / "d", wanted=one)
+    assert list(sub.files) == one and not sub.missing and not sub.rejected, (sub.missing, sub.rejected)
+    assert (tmp_path / "d" / "online_softmax.py").read_text() == "x = 1\n"  # work/ holds most graded files
+    notes = "\n".join(sub.notes())
+    assert not any(f in notes for f in FILES if f not in one), notes
+    empty = _tree(tmp_path / "e", {"README.md": "forgot"})
+    g = grade_one(empty, tmp_path / "w", Options(parts=[1]), name="e")
+    assert g.status == "rejected" and g.reason == "no graded files found (expected online_softmax.py)", g.reason
+    assert not any(f in " ".join(g.view["intake"]["notes"]) for f in FILES if f not in one)
+
+
+@pytest.mark.parametrize("codec, name", [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16"), ("utf-16-be", "UTF-16"),
+                                         ("utf-32", "UTF-32"), ("utf-32-le", "UTF-32"), ("utf-32-be", "UTF-32")])
+def test_a_file_saved_as_utf16_or_utf32_is_named_so(tmp_path, codec, name):
+    folder = _tree(tmp_path / "s", {})
+    (folder / FILES[0]).write_bytes("# caf\u00e9\ndef f(x):\n    return x\n".encode(codec))
+    sub = intake.take(folder, tmp_path / "d")
+    (path, why), = sub.rejected
+    assert why.startswith(f"saved as {name}: save it as UTF-8"), why
+    assert intake.check_source("a.py", b"x = 1\0\n") == "not a Python source file (contains NUL bytes)"
+    assert intake.check_source("a.py", "s = '\u00e9\u4e2d'\n".encode()) is None  # UTF-8 text is not mistaken
