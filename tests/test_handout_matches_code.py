@@ -117,3 +117,23 @@ def test_the_comparison_catches_drift():
                   "def f(x: int, y: float = 1.0) -> int:\n    '''Shapes (N, d).'''\n    ...",
                   "class f: ..."):
         assert compare(ast.parse(drift).body[0], code, "m.py"), drift
+
+
+_TORCH_NAME = {"_softmax": "torch.softmax", "_log_softmax": "torch.log_softmax", "logsumexp": "torch.logsumexp"}
+
+
+@pytest.mark.parametrize("part", RUBRIC.numbers)
+def test_the_handout_names_the_ops_its_part_refuses(part):
+    """Each op the grader refuses in a part only (replay.REFUSED_IN) is named on that part's page, and
+    a page that names such a rule names only ops that are refused there: a correct variant that uses
+    one then loses points for a rule the student could read."""
+    from autograder.engine.replay import REFUSED_IN
+
+    text = page(part).read_text(encoding="utf-8")
+    refused = {_TORCH_NAME.get(op, f"torch.{op}") for op in REFUSED_IN.get(part, ())}
+    assert all(f"`{name}`" in text for name in refused), (part, refused)
+    if not refused:
+        assert "are refused in parts" not in text, part
+    else:
+        said = re.search(r"are refused in parts ([\d, and]+)", text)
+        assert said and {int(n) for n in re.findall(r"\d", said.group(1))} == set(REFUSED_IN), said
