@@ -396,17 +396,42 @@ def _read_source(rel: str) -> tuple[bytes, int]:
         return f.read(), os.fstat(f.fileno()).st_mode & 0o777
 
 
+def _out_folder(out: Path) -> Path:
+    """`out` resolved, refused with one line (what is wrong, what to do) unless the release can be
+    written there: not over or inside the repository's own folders, and a folder or a path whose first
+    existing folder above it is a folder this process may write into."""
+    try:
+        out = Path(out).resolve()
+    except (OSError, RuntimeError) as e:
+        raise SystemExit(f"error: --out {out} cannot be resolved ({e}); choose another --out") from None
+    if out == ROOT or ROOT.is_relative_to(out) or out.is_relative_to(ROOT / "instructor"):
+        raise SystemExit(f"error: refusing to write the release over the repository ({out}); choose an --out "
+                         "outside it, e.g. build/student-release")
+    if out.is_relative_to(ROOT) and out.relative_to(ROOT).parts[0] in (*STUDENT, *INSTRUCTOR, ".git"):
+        raise SystemExit(f"error: refusing to write the release into the repository's "
+                         f"{out.relative_to(ROOT).parts[0]}/ ({out}): the next release would ship it; "
+                         "choose an --out outside it, e.g. build/student-release")
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: cannot write the release to {out}: it is a file, not a folder; choose another --out")
+    above = out
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise SystemExit(f"error: cannot write the release to {out}: {above} is a file, not a folder; "
+                         "choose another --out")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise SystemExit(f"error: cannot write the release to {out}: {above} is not writable; "
+                         "choose another --out")
+    return out
+
+
 def build(out: Path) -> dict:
     """Write the release into `out` and scan it. `out` may be absent, empty, hold only a `.git`, or
     be a previous release (then the files it wrote are replaced and nothing else is touched).
 
     Every path written or deleted goes through `_dest` first (inside `out`, no symlink on the way),
     and all of them are checked before the first is touched: a refused path leaves `out` as it was."""
-    out = Path(out).resolve()
-    if out == ROOT or ROOT.is_relative_to(out) or out.is_relative_to(ROOT / "instructor"):
-        raise SystemExit(f"error: refusing to write the release over the repository ({out})")
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: {out} is not a folder; remove it or choose another --out")
+    out = _out_folder(out)
     previous = _previous_manifest(out) if out.is_dir() else None
     if out.is_dir() and previous is None and any(p.name != ".git" for p in out.iterdir()):
         raise SystemExit(f"error: {out} is not empty (and not a previous release); remove it or choose another --out")
@@ -415,7 +440,13 @@ def build(out: Path) -> dict:
     for rel in files:  # all checked before anything is written or deleted
         _dest(out, rel)
     sources = {rel: _read_source(rel) for rel in copied}
-    _write_release(out, previous, files, sources, generated)
+    try:
+        _write_release(out, previous, files, sources, generated)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise SystemExit(f"error: cannot write the release to {out}: {e.strerror or e}{where}; choose an --out in "
+                         "a folder you can write to, with free space, then run again (any files written so far "
+                         "stay there)") from None
     problems = scan(out)
     if problems:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -976,34 +1007,63 @@ def sizes(release: Path) -> list[tuple[str, int, int, int]]:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage block
+        self.exit(2, f"error: {message}; see python -m instructor.release --help\n")
+
+
+def _say(text: str, stream=None) -> None:
+    """Print `text`, whatever the path characters in it (a non-UTF-8 --out prints escaped)."""
+    stream = stream or sys.stdout
+    enc = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(enc, "backslashreplace").decode(enc, "replace"), file=stream)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m instructor.release", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "build" / "student-release")
-    ap.add_argument("--scan", type=Path, default=None,
-                    help="only scan this release: a folder, an archive (zip, tar, tar.gz, gz, ...) or one file")
+    ap = _Parser(prog="python -m instructor.release", description=__doc__.split("\n\n")[0])
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--out", type=Path, default=ROOT / "build" / "student-release")
+    what.add_argument("--scan", type=Path, default=None,
+                      help="only scan this release: a folder, an archive (zip, tar, tar.gz, gz, ...) or one file")
     a = ap.parse_args(argv)
-    if a.scan is not None:
-        refusal = scan_refusal(a.scan)
-        if refusal:
-            print(refusal, file=sys.stderr)
-            return 2
-        problems, counts = scan_report(a.scan)
-        if problems:
-            print("\n".join(problems))
-            print(f"error: {a.scan}: {len(problems)} problem(s) above (leaks, or files the scan cannot read): "
-                  "fix each, then scan again", file=sys.stderr)
-            return 1
-        print(f"{a.scan}: clean ({counts['files']} files and {counts['members']} archive members scanned; "
-              f"{len(canaries())} canaries, {len(solution_regions())} solution regions checked)")
-        return 0
-    info = build(a.out)
-    table = sizes(Path(info["out"]))
-    print(f"release written to {info['out']}: {len(info['files'])} files, programs {', '.join(info['programs'])} "
-          f"(scanned: clean)")
+    try:
+        if a.scan is not None:
+            refusal = scan_refusal(a.scan)
+            if refusal:
+                _say(refusal, sys.stderr)
+                return 2
+            problems, counts = scan_report(a.scan)
+            if problems:
+                _say("\n".join(problems))
+                _say(f"error: {a.scan}: {len(problems)} problem(s) above (leaks, or files the scan cannot read): "
+                     "fix each, then scan again", sys.stderr)
+                return 1
+            _say(f"{a.scan}: clean ({counts['files']} files and {counts['members']} archive members scanned; "
+                 f"{len(canaries())} canaries, {len(solution_regions())} solution regions checked)")
+            return 0
+        info = build(a.out)
+        table = sizes(Path(info["out"]))
+    except OSError as e:  # build() turns those it expects into one line; this is the backstop
+        where = f" ({e.filename})" if e.filename else ""
+        _say(f"error: {e.strerror or e}{where}: nothing more was done; check the path and that it is "
+             "writable, then run again", sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 -- never a traceback, never a pass
+        _say(f"error: {type(e).__name__}: {e}; nothing was passed: check the paths given, then run again "
+             "(if it persists, it is a bug of instructor/release.py)", sys.stderr)
+        return 1
+    _say(f"release written to {info['out']}: {len(info['files'])} files, programs {', '.join(info['programs'])} "
+         f"(scanned: clean)")
     for name, n, lines, size in table:
-        print(f"  {name:38s} {n:4d} files {lines:7,d} lines {size:11,d} bytes")
+        _say(f"  {name:38s} {n:4d} files {lines:7,d} lines {size:11,d} bytes")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the output's reader went away (`| head`): no traceback, a non-zero exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)

@@ -852,3 +852,86 @@ def test_make_release_refuses_a_source_archive_it_cannot_read(source, tmp_path):
     with pytest.raises(SystemExit) as e:
         rel.main(["--out", str(tmp_path / "out")])
     assert "docs/bundle.7z: a 7z archive, which the scan cannot open" in str(e.value.code)
+
+
+# --- bad --out values and arguments: one line ("error: ...", what to do), a non-zero exit, no traceback
+
+
+def _bad_out(tmp_path: Path, kind: str) -> str:
+    if kind == "a file":
+        (tmp_path / "file").write_text("x\n")
+        return str(tmp_path / "file")
+    if kind == "a folder under a file":
+        (tmp_path / "file").write_text("x\n")
+        return str(tmp_path / "file" / "release")
+    if kind == "a symlink loop":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        return str(tmp_path / "loop" / "release")
+    if kind == "procfs":
+        return "/proc/release"
+    if kind == "a device":
+        return "/dev/null/release"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["a file", "a folder under a file", "a symlink loop", "procfs", "a device"])
+def test_a_bad_out_is_one_line_and_a_nonzero_exit(tmp_path, kind):
+    if kind == "procfs" and not Path("/proc/self").exists():
+        pytest.skip("no /proc here")
+    out = _bad_out(tmp_path, kind)
+    _one_line_error(_cli("--out", out), "--out")
+
+
+@pytest.mark.parametrize("folder", [*rel.STUDENT, *rel.INSTRUCTOR])
+def test_an_out_inside_the_repository_folders_is_refused(source, folder):
+    """Into starter/ (or any folder of the repository but build/), the next release would ship this
+    one. In a copy of the repository (rel.ROOT), so that a failing run writes nothing here."""
+    (source / folder).mkdir(exist_ok=True)
+    with pytest.raises(SystemExit) as e:
+        rel.main(["--out", str(source / folder / "release")])
+    msg = str(e.value.code)
+    assert msg.startswith("error: refusing") and "\n" not in msg and "--out" in msg, msg
+    assert not (source / folder / "release").exists()
+
+
+def test_a_write_that_fails_midway_is_one_line(tmp_path, monkeypatch):
+    """A read-only file system or a full disk (the OS refuses a write; root is not stopped by modes,
+    so the refusal is simulated where the release writes)."""
+    import errno
+
+    def refuse(out, rel_path, data, mode=0o644):
+        raise OSError(errno.EROFS, "Read-only file system", str(out / rel_path))
+
+    monkeypatch.setattr(rel, "_write", refuse)
+    with pytest.raises(SystemExit) as e:
+        rel.main(["--out", str(tmp_path / "out")])
+    msg = str(e.value.code)
+    assert msg.startswith("error: cannot write the release") and "Read-only file system" in msg, msg
+    assert "\n" not in msg and "--out" in msg
+
+
+@pytest.mark.parametrize("args", [["--out"], ["--scan"], ["--bogus"], ["--out", "a", "--scan", "b"]])
+def test_bad_arguments_are_one_line(args):
+    r = _cli(*args)
+    assert r.returncode == 2
+    _one_line_error(r, "--help")
+
+
+def test_an_out_path_that_is_not_utf8_is_written_and_printed(tmp_path):
+    out = os.fsencode(tmp_path) + b"/rel\xff"
+    r = _cli("--out", out, env={"PYTHONIOENCODING": "utf-8"})  # a strict stdout, as under en_US.UTF-8
+    assert r.returncode == 0 and b"(scanned: clean)" in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert b"Traceback" not in r.stderr and os.path.isfile(out + b"/Makefile")
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
+    """`... | head -1`: the reader goes away; the command ends without a traceback, non-zero."""
+    (tmp_path / "ok.txt").write_text("nothing secret\n")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "instructor.release", "--scan", str(tmp_path / "ok.txt")], cwd=ROOT,
+                           stdout=write, stderr=subprocess.PIPE, env={**_env(), "PYTHONPATH": str(ROOT)}, timeout=300)
+    finally:
+        os.close(write)
+    assert r.returncode != 0 and b"Traceback" not in r.stderr and b"BrokenPipe" not in r.stderr, r.stderr
