@@ -20,20 +20,34 @@ Every release is scanned before this command succeeds (`scan`): no canary string
 instructor/canaries.txt, plus any `CANARY-...` token found in solutions/ or the hidden tests), no
 hidden-test file, no solution marker, no run of 4 consecutive code lines of a solution region or
 of a hidden test (runs that the course package or the shipped tests contain are public anyway), and
-no Python file that imports an instructor-only package (`instructor_imports`).
+no Python file that imports an instructor-only package (`instructor_imports`). The scan reads every
+file as bytes (a binary file too), and every member of the archives among them (zip, tar, gzip,
+bzip2, xz; nested, within ARCHIVE_DEPTH / ARCHIVE_BYTES / ARCHIVE_MEMBERS), and it fails closed:
+a file it cannot read (a symlink, a device, an archive it cannot open or that is past a bound, a
+format it does not know such as 7z) is a problem, which refuses the release like a leak. `--scan`
+takes a folder, an archive or one file; a path it cannot scan is refused with one line.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import bz2
+import codecs
+import errno
+import gzip
+import io
 import json
+import lzma
 import os
 import re
 import shutil
+import stat
 import sys
+import tarfile
 import tomllib
-from pathlib import Path
-from typing import Iterable
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import Iterable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 CANARIES = ROOT / "instructor" / "canaries.txt"
@@ -384,17 +398,42 @@ def _read_source(rel: str) -> tuple[bytes, int]:
         return f.read(), os.fstat(f.fileno()).st_mode & 0o777
 
 
+def _out_folder(out: Path) -> Path:
+    """`out` resolved, refused with one line (what is wrong, what to do) unless the release can be
+    written there: not over or inside the repository's own folders, and a folder or a path whose first
+    existing folder above it is a folder this process may write into."""
+    try:
+        out = Path(out).resolve()
+    except (OSError, RuntimeError) as e:
+        raise SystemExit(f"error: --out {out} cannot be resolved ({e}); choose another --out") from None
+    if out == ROOT or ROOT.is_relative_to(out) or out.is_relative_to(ROOT / "instructor"):
+        raise SystemExit(f"error: refusing to write the release over the repository ({out}); choose an --out "
+                         "outside it, e.g. build/student-release")
+    if out.is_relative_to(ROOT) and out.relative_to(ROOT).parts[0] in (*STUDENT, *INSTRUCTOR, ".git"):
+        raise SystemExit(f"error: refusing to write the release into the repository's "
+                         f"{out.relative_to(ROOT).parts[0]}/ ({out}): the next release would ship it; "
+                         "choose an --out outside it, e.g. build/student-release")
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: cannot write the release to {out}: it is a file, not a folder; choose another --out")
+    above = out
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise SystemExit(f"error: cannot write the release to {out}: {above} is a file, not a folder; "
+                         "choose another --out")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise SystemExit(f"error: cannot write the release to {out}: {above} is not writable; "
+                         "choose another --out")
+    return out
+
+
 def build(out: Path) -> dict:
     """Write the release into `out` and scan it. `out` may be absent, empty, hold only a `.git`, or
     be a previous release (then the files it wrote are replaced and nothing else is touched).
 
     Every path written or deleted goes through `_dest` first (inside `out`, no symlink on the way),
     and all of them are checked before the first is touched: a refused path leaves `out` as it was."""
-    out = Path(out).resolve()
-    if out == ROOT or ROOT.is_relative_to(out) or out.is_relative_to(ROOT / "instructor"):
-        raise SystemExit(f"error: refusing to write the release over the repository ({out})")
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: {out} is not a folder; remove it or choose another --out")
+    out = _out_folder(out)
     previous = _previous_manifest(out) if out.is_dir() else None
     if out.is_dir() and previous is None and any(p.name != ".git" for p in out.iterdir()):
         raise SystemExit(f"error: {out} is not empty (and not a previous release); remove it or choose another --out")
@@ -403,6 +442,25 @@ def build(out: Path) -> dict:
     for rel in files:  # all checked before anything is written or deleted
         _dest(out, rel)
     sources = {rel: _read_source(rel) for rel in copied}
+    try:
+        _write_release(out, previous, files, sources, generated)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise SystemExit(f"error: cannot write the release to {out}: {e.strerror or e}{where}; choose an --out in "
+                         "a folder you can write to, with free space, then run again (any files written so far "
+                         "stay there)") from None
+    problems = scan(out)
+    if problems:
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise SystemExit(f"error: refusing the release in {out}: its scan found {len(problems)} problem(s) (leaks "
+                         "of instructor material, or files it cannot look into); fix each in the source, then "
+                         "rebuild:\n  " + "\n  ".join(problems[:20]) + more)
+    programs = sorted(p for p in copied if re.fullmatch(r"code/lecture05/0\d_\w+\.py", p))
+    return {"out": str(out), "files": files, "programs": [Path(p).name for p in programs]}
+
+
+def _write_release(out: Path, previous: list[str] | None, files: list[str], sources: dict[str, tuple[bytes, int]],
+                   generated: dict[str, str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for rel in previous or []:  # files of the previous release that this one no longer has
         stale = _dest(out, rel)
@@ -418,11 +476,6 @@ def build(out: Path) -> dict:
         _write(out, rel, text.encode("utf-8"))
     _write(out, MANIFEST, (json.dumps({"written_by": "python -m instructor.release (make release)",
                                        "files": files}, indent=1) + "\n").encode("utf-8"))
-    problems = scan(out)
-    if problems:
-        raise SystemExit("error: the release leaks instructor material:\n  " + "\n  ".join(problems[:20]))
-    programs = sorted(p for p in copied if re.fullmatch(r"code/lecture05/0\d_\w+\.py", p))
-    return {"out": str(out), "files": files, "programs": [Path(p).name for p in programs]}
 
 
 def student_lock(requirements: Path = ROOT / "requirements-student.txt") -> str:
@@ -450,33 +503,37 @@ def student_lock(requirements: Path = ROOT / "requirements-student.txt") -> str:
     return "".join(f"{k}=={v}\n" for k, v in sorted(pins.items(), key=lambda kv: kv[0].lower()))
 
 
-def instructor_imports(release: Path) -> list[str]:
-    """Every import of an instructor-only package (INSTRUCTOR) in the release's Python files:
-    `import x`, `from x import`, and importlib.import_module("x...") / __import__("x...")."""
+def _imports_in(where: str, data: bytes) -> list[str]:
+    """Every import of an instructor-only package (INSTRUCTOR) in the Python source `data`: `import x`,
+    `from x import`, and importlib.import_module("x...") / __import__("x...")."""
+    try:
+        tree = ast.parse(data.decode("utf-8"), filename=where)
+    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+        return [f"{where}: cannot be parsed ({e})"]
     found = []
-    for f in sorted(Path(release).rglob("*.py")):
-        rel = f.relative_to(release).as_posix()
-        if ".git" in f.relative_to(release).parts:
-            continue
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"), filename=rel)
-        except (SyntaxError, UnicodeDecodeError) as e:
-            found.append(f"{rel}: cannot be parsed ({e})")
-            continue
-        for node in ast.walk(tree):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                    and isinstance(node.args[0].value, str) \
-                    and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__"):
-                names = [node.args[0].value]
-            for name in names:
-                if name.split(".")[0] in INSTRUCTOR:
-                    found.append(f"{rel}:{node.lineno}: imports {name} (instructor-only)")
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) \
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__"):
+            names = [node.args[0].value]
+        for name in names:
+            if name.split(".")[0] in INSTRUCTOR:
+                found.append(f"{where}:{node.lineno}: imports {name} (instructor-only)")
     return found
+
+
+def instructor_imports(release: Path) -> list[str]:
+    """Every import of an instructor-only package in the Python files of `release` (a folder, an
+    archive or one file; .py members of archives included), plus each file that cannot be read."""
+    problems: list[str] = []
+    found = [p for where, inner, data in _scanned_files(Path(release), problems) if inner.endswith(".py")
+             for p in _imports_in(where, data)]
+    return found + problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,15 +616,6 @@ def _copied_regions(text: str, prints: dict[tuple[str, ...], str]) -> set[str]:
     return {prints[key] for key in _copied_keys(text, prints)}
 
 
-def _text_files(folder: Path) -> Iterable[tuple[Path, str]]:
-    for f in sorted(folder.rglob("*")):
-        if f.is_file() and not f.is_symlink() and ".git" not in f.relative_to(folder).parts:
-            try:
-                yield f, f.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                yield f, f.read_bytes().decode("latin-1")
-
-
 def hidden_fingerprints(run: int = SOLUTION_RUN) -> dict[tuple[str, ...], str]:
     """Runs of `run` consecutive code lines of the hidden tests that occur in no file the release
     ships by design (public tests, case generators, conftest, diagnostics): finding one in the
@@ -585,35 +633,355 @@ def hidden_fingerprints(run: int = SOLUTION_RUN) -> dict[tuple[str, ...], str]:
     return out
 
 
-def scan(release: Path, extra_canaries: Iterable[str] = ()) -> list[str]:
-    """Problems found in a release folder (empty list = clean)."""
-    release = Path(release)
-    problems = []
+# What the scan reads: every regular file of a folder (or the one file it is given), as bytes, and
+# every member of every archive among them, recursively; a file that is neither text nor an archive
+# is scanned as its bytes (canaries and copied code are found in any file). Anything it cannot read
+# (a symlink, a device, an unreadable file, an archive it cannot open, a format it does not know,
+# an archive past these bounds) is a problem: refused, never passed.
+ARCHIVE_DEPTH = 8          # containers inside containers (a .tar.gz is two: the gzip stream, then the tar)
+ARCHIVE_BYTES = 256 << 20  # bytes unpacked from archives in one scan, all archives together
+ARCHIVE_MEMBERS = 20_000   # members of archives in one scan, all archives together
+# Archive formats known by their first bytes that the scan cannot open.
+UNSUPPORTED_ARCHIVES = ((b"7z\xbc\xaf\x27\x1c", "7z"), (b"Rar!\x1a\x07", "rar"), (b"\x28\xb5\x2f\xfd", "zstd"),
+                        (b"\x04\x22\x4d\x18", "lz4"), (b"\x1f\x9d", "compress (.Z)"), (b"\x1f\xa0", "compress (.Z)"),
+                        (b"LZIP", "lzip"), (b"MSCF", "cab"), (b"!<arch>\n", "ar (.deb)"), (b"xar!", "xar"),
+                        (b"\xed\xab\xee\xdb", "rpm"))
+# Names that say "archive": a file so named that no reader here opens is refused, not read as bytes.
+ARCHIVE_SUFFIXES = {".zip", ".jar", ".whl", ".egg", ".tar", ".tgz", ".taz", ".gz", ".tbz", ".tbz2", ".bz2",
+                    ".txz", ".xz", ".lzma", ".7z", ".rar", ".zst", ".lz4", ".z", ".lz", ".cab", ".deb", ".rpm"}
+_STREAM_SUFFIXES = {".gz": "", ".tgz": ".tar", ".taz": ".tar", ".bz2": "", ".tbz": ".tar", ".tbz2": ".tar",
+                    ".xz": "", ".txz": ".tar", ".lzma": ""}
+
+
+class _Unscannable(Exception):
+    """A file or archive the scan cannot read; the message says why and what to do."""
+
+
+class _Budget:
+    """What is left of the bounds (ARCHIVE_BYTES, ARCHIVE_MEMBERS) for one scan."""
+
+    def __init__(self) -> None:
+        self.bytes, self.members = ARCHIVE_BYTES, ARCHIVE_MEMBERS
+
+    def member(self) -> None:
+        self.members -= 1
+        if self.members < 0:
+            raise _Unscannable(f"holds more than {ARCHIVE_MEMBERS:,} members (the bound for all archives of one "
+                               "scan): refused, not scanned; unpack it into the folder, or remove it")
+
+    def read(self, stream) -> bytes:
+        data = stream.read(self.bytes + 1)
+        if len(data) > self.bytes:
+            raise _Unscannable(f"unpacks to more than {ARCHIVE_BYTES >> 20} MiB (the bound for all archives of "
+                               "one scan): refused, not scanned; unpack it into the folder, or remove it")
+        self.bytes -= len(data)
+        return data
+
+
+def _is_tar(data: bytes) -> bool:
+    """A tar header at the start: the ustar magic, or (old tars) a valid header checksum."""
+    if len(data) < 512:
+        return False
+    if data[257:262] == b"ustar":
+        return True
+    try:
+        return tarfile.nti(data[148:156]) in tarfile.calc_chksums(data[:512])
+    except (tarfile.HeaderError, ValueError):
+        return False
+
+
+def _archive_kind(name: str, data: bytes) -> str | None:
+    """'zip', 'tar', 'gzip', 'bzip2', 'xz', 'lzma' (formats the scan opens), 'unsupported:<format>',
+    'unreadable' (named like an archive, in no format known here), or None (not an archive)."""
+    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08"):
+        return "zip"
+    if data[:2] == b"\x1f\x8b":
+        return "gzip"
+    if data[:3] == b"BZh" and data[3:4] in b"123456789" and len(data) > 4:
+        return "bzip2"
+    if data[:6] == b"\xfd7zXZ\x00":
+        return "xz"
+    if _is_tar(data):
+        return "tar"
+    for magic, kind in UNSUPPORTED_ARCHIVES:
+        if data.startswith(magic):
+            return f"unsupported:{kind}"
+    if zipfile.is_zipfile(io.BytesIO(data)):  # a zip behind other bytes (a self-extractor, an image)
+        return "zip"
+    suffix = PurePosixPath(name).suffix.lower()
+    if suffix == ".lzma":
+        return "lzma"
+    return "unreadable" if suffix in ARCHIVE_SUFFIXES else None
+
+
+def _zip_members(data: bytes, budget: _Budget) -> Iterator[tuple[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        infos = zf.infolist()
+        # every byte between the first member and the directory must belong to a listed member: data
+        # that the directory does not list (a hidden member) is refused, not skipped
+        spans = []
+        for info in infos:
+            start = info.header_offset  # zipfile counts it from the start of `data`, as start_dir
+            head = data[start:start + 30]
+            if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                raise _Unscannable(f"its member {info.filename} has no local header where the directory says: "
+                                   "a damaged zip; fix or remove it")
+            name_len, extra_len = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
+            end = start + 30 + name_len + extra_len + info.compress_size
+            spans.append((start, end + (24 if info.flag_bits & 0x8 else 0)))
+        directory = zf.start_dir
+        first_header = data.find(b"PK\x03\x04")  # bytes before the zip (a self-extractor, an image) are no member
+        covered = min((s for s, _ in spans), default=directory)
+        if 0 <= first_header < covered:
+            covered = first_header
+        for s, e in sorted(spans):
+            if s > covered:
+                break
+            covered = max(covered, e)
+        if covered < directory:
+            raise _Unscannable(f"holds {directory - covered:,} bytes its directory does not list (a hidden or "
+                               "damaged member): refused, not scanned; rebuild the zip, or remove it")
+        for info in infos:
+            if info.is_dir():
+                continue
+            budget.member()
+            if info.flag_bits & 0x1:
+                raise _Unscannable(f"its member {info.filename} is encrypted: the scan cannot read it; "
+                                   "ship it unencrypted, or remove it")
+            with zf.open(info) as f:
+                yield info.filename, budget.read(f)
+
+
+def _tar_members(data: bytes, budget: _Budget) -> Iterator[tuple[str, bytes]]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+        for member in tf:
+            if member.isreg():
+                budget.member()
+                f = tf.extractfile(member)
+                yield member.name, budget.read(f)
+        end = tf.offset
+    if data[end:].strip(b"\0"):  # tarfile stops quietly at a header it cannot read
+        raise _Unscannable(f"holds {len(data) - end:,} bytes after the last member tar can read (a damaged or "
+                           "concatenated tar): refused, not scanned; rebuild it, or remove it")
+
+
+def _stream_member(kind: str, name: str, data: bytes, budget: _Budget) -> Iterator[tuple[str, bytes]]:
+    opener = {"gzip": lambda f: gzip.GzipFile(fileobj=f), "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile,
+              "lzma": lzma.LZMAFile}[kind]
+    suffix = PurePosixPath(name).suffix
+    inner = name[:-len(suffix)] + _STREAM_SUFFIXES[suffix.lower()] if suffix.lower() in _STREAM_SUFFIXES \
+        else f"{name}.unpacked"
+    budget.member()
+    with opener(io.BytesIO(data)) as f:
+        yield inner, budget.read(f)
+
+
+def _members(kind: str, name: str, data: bytes, budget: _Budget) -> Iterator[tuple[str, bytes]]:
+    if kind.startswith("unsupported:"):
+        raise _Unscannable(f"a {kind.split(':', 1)[1]} archive, which the scan cannot open: ship its files "
+                           "unpacked (or as zip or tar), or remove it")
+    if kind == "unreadable":
+        raise _Unscannable(f"named like an archive ({PurePosixPath(name).suffix}) but no reader here opens it "
+                           "(zip, tar, gzip, bzip2, xz): fix or remove it")
+    if kind == "zip":
+        return _zip_members(data, budget)
+    if kind == "tar":
+        return _tar_members(data, budget)
+    return _stream_member(kind, name, data, budget)
+
+
+def _expand(where: str, inner: str, data: bytes, depth: int, budget: _Budget,
+            problems: list[str]) -> Iterator[tuple[str, str, bytes]]:
+    """(where, inner, data) itself, then every member if it is an archive (where: 'a/b.zip::c/d.py';
+    inner: the path inside its innermost archive, or in the scanned folder)."""
+    yield where, inner, data
+    kind = _archive_kind(inner, data)
+    if kind is None:
+        return
+    try:
+        if depth >= ARCHIVE_DEPTH:
+            raise _Unscannable(f"archives nested more than {ARCHIVE_DEPTH} deep: refused, not scanned; "
+                               "unpack them, or remove it")
+        for name, member in _members(kind, inner, data, budget):
+            yield from _expand(f"{where}::{name}", name, member, depth + 1, budget, problems)
+    except _Unscannable as e:
+        problems.append(f"{where}: {e}")
+    except Exception as e:  # noqa: BLE001 -- whatever a reader raises (BadZipFile, TarError, EOFError, ...): refused
+        problems.append(f"{where}: cannot be read as a {kind} archive ({type(e).__name__}: {e}): "
+                        "refused, not scanned; fix or remove it")
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of `path`, refused unless it is a regular file (not a symlink, pipe, socket or device)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise _Unscannable("a symlink: the scan does not follow links (a release holds regular files only); "
+                           "replace it with the file, or remove it")
+    if not stat.S_ISREG(st.st_mode):
+        raise _Unscannable("not a regular file (a pipe, socket or device): it cannot be scanned; remove it")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _Unscannable("not a regular file: it cannot be scanned; remove it")
+        return f.read()
+
+
+def _folder_files(folder: Path, problems: list[str]) -> Iterator[tuple[str, bytes]]:
+    """(path relative to `folder`, bytes) of every file under `folder` but inside `.git` folders;
+    what cannot be listed or read is added to `problems`."""
+    def unlisted(e: OSError) -> None:
+        where = Path(e.filename).relative_to(folder).as_posix() if e.filename else str(folder)
+        problems.append(f"{where}/: cannot be listed ({e.strerror}): not scanned; make it readable, then scan again")
+
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unlisted):
+        here = Path(dirpath)
+        for d in list(dirnames):
+            rel = (here / d).relative_to(folder).as_posix()
+            if (here / d).is_symlink():
+                dirnames.remove(d)
+                problems.append(f"{rel}: a symlink: the scan does not follow links (a release holds regular "
+                                "files only); replace it with the folder, or remove it")
+            elif d == ".git":
+                dirnames.remove(d)
+        dirnames.sort()
+        for name in sorted(filenames):
+            rel = (here / name).relative_to(folder).as_posix()
+            try:
+                yield rel, _read_regular(here / name)
+            except _Unscannable as e:
+                problems.append(f"{rel}: {e}")
+            except OSError as e:
+                problems.append(f"{rel}: cannot be read ({e.strerror}): not scanned; make it readable, then scan again")
+
+
+def scan_refusal(target: Path) -> str | None:
+    """One line ("error: ...") when `target` is no folder or file that can be scanned, else None."""
+    target = Path(target)
+    try:
+        st = target.stat()
+    except OSError as e:
+        why = "does not exist" if e.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be read ({e.strerror})"
+        return (f"error: {target} {why}: nothing scanned; give the release folder (make release writes "
+                "build/student-release), an archive of it or one file")
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return (f"error: {target} is not a folder or a regular file (a pipe, socket or device): nothing scanned; "
+                "give the release folder, an archive of it or one file")
+    return None
+
+
+def _scanned_files(target: Path, problems: list[str]) -> Iterator[tuple[str, str, bytes]]:
+    """(where, inner, bytes) of every file of `target` (a folder, or one file) and of every member of
+    the archives among them; whatever cannot be read is added to `problems`."""
+    budget = _Budget()
+    refusal = scan_refusal(target)
+    if refusal:
+        problems.append(refusal.removeprefix("error: "))
+        return
+    if target.is_dir():
+        for rel, data in _folder_files(target, problems):
+            yield from _expand(rel, rel, data, 0, budget, problems)
+        return
+    try:
+        data = _read_regular(target.resolve())
+    except (_Unscannable, OSError) as e:
+        problems.append(f"{target}: {e.strerror if isinstance(e, OSError) else e}: not scanned")
+        return
+    yield from _expand(str(target), target.name, data, 0, budget, problems)
+
+
+def _json_strings(doc: object) -> Iterator[str]:
+    """The strings of a JSON document (a list of strings joined, as a notebook cell's source lines)."""
+    if isinstance(doc, str):
+        yield doc
+    elif isinstance(doc, list) and doc and all(isinstance(x, str) for x in doc):
+        yield "".join(doc)
+    elif isinstance(doc, list):
+        for x in doc:
+            yield from _json_strings(x)
+    elif isinstance(doc, dict):
+        for k, v in doc.items():
+            yield k
+            yield from _json_strings(v)
+
+
+def _texts(data: bytes) -> list[str]:
+    """The ways to read `data` as text for the scan: UTF-8 (else Latin-1, which maps every byte, so a
+    binary file is read as its bytes), UTF-16/32 when it starts with their byte order mark, and the
+    strings of a JSON document (a notebook's cells: escapes undone)."""
+    texts = []
+    for bom, codec in ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+                       (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+        if data.startswith(bom):
+            texts.append(data.decode(codec, errors="replace"))
+            break
+    try:
+        texts.append(data.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        texts.append(data.decode("latin-1"))
+    for text in list(texts):
+        if text.lstrip()[:1] in ("{", "["):
+            try:
+                texts.append("\n".join(_json_strings(json.loads(text))))
+            except (ValueError, RecursionError):
+                pass
+    return texts
+
+
+def _contains(data: bytes, texts: list[str], s: str) -> bool:
+    """`s` in one of the texts, or in the bytes as UTF-16 without a byte order mark."""
+    return any(s in t for t in texts) or s.encode("utf-16-le") in data or s.encode("utf-16-be") in data
+
+
+def scan_report(target: Path, extra_canaries: Iterable[str] = ()) -> tuple[list[str], dict[str, int]]:
+    """(problems, counts) of a scan of `target`: a release folder, an archive, or one file (problems
+    empty = clean; counts: 'files' read from the folder or the file given, 'members' of archives)."""
+    target = Path(target)
+    problems: list[str] = []
     tokens = sorted(set(canaries()) | set(extra_canaries))
     hidden_prints = hidden_fingerprints()
     hidden_names = ({f.name for f in HIDDEN_DIR.rglob("*.py") if f.name != "__init__.py"}
                     if HIDDEN_DIR.is_dir() else set())
     prints = solution_fingerprints()
-    for f, text in _text_files(release):
-        rel = f.relative_to(release).as_posix()
-        if "hidden_tests" in rel or f.name in hidden_names:
-            problems.append(f"{rel}: a hidden-test file")
-        if rel.startswith("solutions/"):
-            problems.append(f"{rel}: a solutions file")
+    counts = {"files": 0, "members": 0}
+    flagged_folders: set[str] = set()
+    for where, inner, data in _scanned_files(target, problems):
+        counts["members" if "::" in where else "files"] += 1
+        parts = PurePosixPath(inner).parts
+        if "hidden_tests" in parts[:-1] or (parts and parts[-1] in hidden_names):
+            problems.append(f"{where}: a hidden-test file")
+        if "solutions" in parts[:-1]:
+            problems.append(f"{where}: a solutions file")
+        if "::" in where and len(parts) > 1 and parts[0] in INSTRUCTOR:
+            folder = f"{where.rsplit('::', 1)[0]}::{parts[0]}/"
+            if folder not in flagged_folders:
+                flagged_folders.add(folder)
+                problems.append(f"{folder}: an instructor-only folder is present")
+        texts = _texts(data)
         for t in tokens:
-            if t in text:
-                problems.append(f"{rel}: contains the canary {t}")
-        if "BEGIN SOLUTION" in text or "END SOLUTION" in text:
-            problems.append(f"{rel}: contains a solution marker")
-        for where in sorted(_copied_regions(text, prints)):
-            problems.append(f"{rel}: contains code copied from the solution region at {where}")
-        for where in sorted({hidden_prints[k] for k in _copied_keys(text, hidden_prints)}):
-            problems.append(f"{rel}: contains code copied from the hidden test {where}")
-    for folder in INSTRUCTOR:
-        if (release / folder).exists():
-            problems.append(f"{folder}/: an instructor-only folder is present")
-    problems += instructor_imports(release)
-    return problems
+            if _contains(data, texts, t):
+                problems.append(f"{where}: contains the canary {t}")
+        if _contains(data, texts, "BEGIN SOLUTION") or _contains(data, texts, "END SOLUTION"):
+            problems.append(f"{where}: contains a solution marker")
+        for where_from in sorted(set().union(*(_copied_regions(t, prints) for t in texts))):
+            problems.append(f"{where}: contains code copied from the solution region at {where_from}")
+        copied_hidden = set().union(*({hidden_prints[k] for k in _copied_keys(t, hidden_prints)} for t in texts))
+        for where_from in sorted(copied_hidden):
+            problems.append(f"{where}: contains code copied from the hidden test {where_from}")
+        if inner.endswith(".py"):
+            problems += _imports_in(where, data)
+    if target.is_dir():
+        for folder in INSTRUCTOR:
+            if (target / folder).exists() or (target / folder).is_symlink():
+                problems.append(f"{folder}/: an instructor-only folder is present")
+    if not problems and not counts["files"]:
+        problems.append(f"{target}: holds no file to scan: give the release folder, an archive of it or one file")
+    return list(dict.fromkeys(problems)), counts
+
+
+def scan(release: Path, extra_canaries: Iterable[str] = ()) -> list[str]:
+    """Problems found in a release (a folder, an archive or one file; empty list = clean). Fails
+    closed: what cannot be read or opened is a problem too."""
+    return scan_report(release, extra_canaries)[0]
 
 
 SIZE_GROUPS = (("student code", ("starter",)), ("engine", ("autograder/engine",)),
@@ -621,35 +989,83 @@ SIZE_GROUPS = (("student code", ("starter",)), ("engine", ("autograder/engine",)
                ("programs", ("code",)), ("docs", ("docs",)), ("top-level files", (".",)))
 
 
-def sizes(release: Path) -> list[tuple[str, int, int]]:
-    """(group, files, text lines) of a release, each file counted in the first group that holds it."""
+def sizes(release: Path) -> list[tuple[str, int, int, int]]:
+    """(group, files, text lines, bytes) of a release, each file counted in the first group that holds
+    it; lines are counted in the files that are UTF-8 text (a binary file counts its bytes only)."""
     release, seen, out = Path(release), set(), []
     for name, folders in SIZE_GROUPS:
         files = [f for d in folders for f in sorted((release / d).rglob("*"))
                  if f.is_file() and f not in seen and ".git" not in f.relative_to(release).parts]
         seen.update(files)
-        lines = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files if f.suffix not in (".png", ".pt"))
-        out.append((name, len(files), lines))
+        lines = size = 0
+        for f in files:
+            data = f.read_bytes()
+            size += len(data)
+            try:
+                lines += len(data.decode("utf-8").splitlines()) if b"\0" not in data else 0
+            except UnicodeDecodeError:
+                pass
+        out.append((name, len(files), lines, size))
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage block
+        self.exit(2, f"error: {message}; see python -m instructor.release --help\n")
+
+
+def _say(text: str, stream=None) -> None:
+    """Print `text`, whatever the path characters in it (a non-UTF-8 --out prints escaped)."""
+    stream = stream or sys.stdout
+    enc = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(enc, "backslashreplace").decode(enc, "replace"), file=stream)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m instructor.release", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "build" / "student-release")
-    ap.add_argument("--scan", type=Path, default=None, help="only scan this existing release folder")
+    ap = _Parser(prog="python -m instructor.release", description=__doc__.split("\n\n")[0])
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--out", type=Path, default=ROOT / "build" / "student-release")
+    what.add_argument("--scan", type=Path, default=None,
+                      help="only scan this release: a folder, an archive (zip, tar, tar.gz, gz, ...) or one file")
     a = ap.parse_args(argv)
-    if a.scan:
-        problems = scan(a.scan)
-        print("\n".join(problems) or f"{a.scan}: clean ({len(canaries())} canaries, "
-                                      f"{len(solution_regions())} solution regions checked)")
-        return 1 if problems else 0
-    info = build(a.out)
-    print(f"release written to {info['out']}: {len(info['files'])} files, programs {', '.join(info['programs'])} "
-          f"(scanned: clean)")
-    for name, n, lines in sizes(a.out):
-        print(f"  {name:38s} {n:4d} files {lines:7,d} lines")
+    try:
+        if a.scan is not None:
+            refusal = scan_refusal(a.scan)
+            if refusal:
+                _say(refusal, sys.stderr)
+                return 2
+            problems, counts = scan_report(a.scan)
+            if problems:
+                _say("\n".join(problems))
+                _say(f"error: {a.scan}: {len(problems)} problem(s) above (leaks, or files the scan cannot read): "
+                     "fix each, then scan again", sys.stderr)
+                return 1
+            _say(f"{a.scan}: clean ({counts['files']} files and {counts['members']} archive members scanned; "
+                 f"{len(canaries())} canaries, {len(solution_regions())} solution regions checked)")
+            return 0
+        info = build(a.out)
+        table = sizes(Path(info["out"]))
+    except OSError as e:  # build() turns those it expects into one line; this is the backstop
+        where = f" ({e.filename})" if e.filename else ""
+        _say(f"error: {e.strerror or e}{where}: nothing more was done; check the path and that it is "
+             "writable, then run again", sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 -- never a traceback, never a pass
+        _say(f"error: {type(e).__name__}: {e}; nothing was passed: check the paths given, then run again "
+             "(if it persists, it is a bug of instructor/release.py)", sys.stderr)
+        return 1
+    _say(f"release written to {info['out']}: {len(info['files'])} files, programs {', '.join(info['programs'])} "
+         f"(scanned: clean)")
+    for name, n, lines, size in table:
+        _say(f"  {name:38s} {n:4d} files {lines:7,d} lines {size:11,d} bytes")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the output's reader went away (`| head`): no traceback, a non-zero exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)

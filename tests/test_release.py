@@ -570,3 +570,369 @@ def test_no_shipped_judge_function_is_a_working_summary():
             if passed:
                 scoring[f"{module.__name__}.{name}"] = passed
     assert not scoring, f"shipped judge code computes a working online_summary (students can import it): {scoring}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The scan reads everything it is given, and refuses what it cannot read (fails closed): binary files
+# as their bytes, single files, archives (zip, tar, gzip, bzip2, xz; nested, within bounds).
+
+import bz2  # noqa: E402
+import gzip  # noqa: E402
+import io  # noqa: E402
+import struct  # noqa: E402
+import tarfile  # noqa: E402
+import zipfile  # noqa: E402
+
+JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00\xff\xd9"
+HIDDEN = ROOT / "instructor" / "hidden_tests"
+
+
+def _leaky_members() -> dict[str, bytes]:
+    """The solutions and hidden tests, under their repository paths (what a careless archive holds)."""
+    return {f.relative_to(ROOT).as_posix(): f.read_bytes()
+            for f in [*sorted((ROOT / "solutions").glob("*.py")), *sorted(HIDDEN.glob("*.py"))]}
+
+
+def _zip(members: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes:
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w", method) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return b.getvalue()
+
+
+def _tar(members: dict[str, bytes], mode: str = "w") -> bytes:
+    b = io.BytesIO()
+    with tarfile.open(fileobj=b, mode=mode) as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return b.getvalue()
+
+
+LEAKY_ARCHIVES = {  # name -> bytes, each holding the solutions and hidden tests
+    "extra.zip": lambda m: _zip(m),
+    "extra-stored.zip": lambda m: _zip(m, zipfile.ZIP_STORED),
+    "extra.tar": lambda m: _tar(m),
+    "extra.tar.gz": lambda m: _tar(m, "w:gz"),
+    "extra.tgz": lambda m: _tar(m, "w:gz"),
+    "extra.tar.bz2": lambda m: _tar(m, "w:bz2"),
+    "extra.tar.xz": lambda m: _tar(m, "w:xz"),
+    "flash_forward.py.gz": lambda m: gzip.compress(m["solutions/flash_forward.py"]),
+    "notes.bz2": lambda m: bz2.compress(m["solutions/flash_forward.py"]),
+    "nested.tar.gz": lambda m: _tar({"inner/more.zip": _zip({"deeper.tgz": _tar(m, "w:gz")})}, "w:gz"),
+    "figure.png": lambda m: (ROOT / "code" / "lecture05" / "figures" / "roofline.png").read_bytes() + _zip(m),
+    "no-suffix": lambda m: _zip(m),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKY_ARCHIVES))
+def test_the_scan_looks_inside_archives_of_every_kind(release, tmp_path, name):
+    """An archive in the release, and an archive given to --scan, is opened and its members scanned
+    (whatever it is called: a zip behind a PNG is found by its bytes)."""
+    data = LEAKY_ARCHIVES[name](_leaky_members())
+    leaky = tmp_path / "leaky"
+    shutil.copytree(release[0], leaky)
+    (leaky / "docs" / name).write_bytes(data)
+    problems = "\n".join(scan(leaky))
+    assert f"docs/{name}::" in problems, problems[:2000]
+    assert "contains code copied from the solution region at solutions/flash_forward.py" in problems
+    if name not in ("flash_forward.py.gz", "notes.bz2"):
+        assert "a solutions file" in problems and "a hidden-test file" in problems
+        assert "contains code copied from the hidden test instructor/hidden_tests/" in problems
+    (tmp_path / name).write_bytes(data)  # the archive alone
+    assert any(p.startswith(f"{tmp_path / name}::") for p in scan(tmp_path / name))
+
+
+def test_an_archive_of_a_clean_release_is_clean_and_its_members_are_scanned(release, tmp_path):
+    out, _ = release
+    files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    for name, data in (("release.zip", _zip(files)), ("release.tar.gz", _tar(files, "w:gz"))):
+        (tmp_path / name).write_bytes(data)
+        problems, counts = rel.scan_report(tmp_path / name)
+        assert problems == [], problems
+        assert counts["files"] == 1 and counts["members"] >= len(files), counts  # the .pt checkpoint is a zip too
+    problems, counts = rel.scan_report(out)
+    assert problems == [] and counts["files"] == len(files) and counts["members"] > 0, counts
+
+
+def _encrypted_zip() -> bytes:
+    """A zip whose member is marked encrypted (zipfile cannot write one: the flag is set by hand)."""
+    data = bytearray(_zip({"a.py": (ROOT / "solutions" / "flash_forward.py").read_bytes()}))
+    data[6] |= 1  # the local header's flags
+    cd = data.rindex(b"PK\x01\x02")
+    data[cd + 8] |= 1  # the central directory entry's flags
+    return bytes(data)
+
+
+def _hidden_member_zip() -> bytes:
+    """A zip whose first member (the solution) is left out of its central directory: zipfile lists only
+    the second, so a reader of the directory never sees the first."""
+    data = _zip({"s.py": (ROOT / "solutions" / "flash_forward.py").read_bytes(), "ok.txt": b"fine\n"})
+    eocd = data.rindex(b"PK\x05\x06")
+    count = struct.unpack("<H", data[eocd + 10:eocd + 12])[0]
+    size, offset = struct.unpack("<II", data[eocd + 12:eocd + 20])
+    cd = data[offset:offset + size]
+    cd = cd[cd.index(b"PK\x01\x02", 4):]
+    tail = bytearray(data[eocd:])
+    tail[8:12] = struct.pack("<HH", count - 1, count - 1)
+    tail[12:16] = struct.pack("<I", len(cd))
+    hidden = data[:offset] + cd + bytes(tail)
+    assert zipfile.ZipFile(io.BytesIO(hidden)).namelist() == ["ok.txt"]
+    return hidden
+
+
+def _nested(depth: int) -> bytes:
+    data, name = f"# {canaries()[0]}\n".encode(), "t.txt"
+    for i in range(depth):
+        data, name = _zip({name: data}), f"n{i}.zip"
+    return data
+
+
+UNSCANNABLE = {  # name -> (bytes, what the refusal says)
+    "corrupt.zip": (lambda: b"PK\x03\x04" + bytes(range(256)) * 4, "cannot be read as a zip archive"),
+    "junk.zip": (lambda: b"this is no zip\n", "named like an archive (.zip)"),
+    "truncated.tar.gz": (lambda: _tar(_leaky_members(), "w:gz")[:300], "cannot be read as a gzip archive"),
+    "bad-crc.zip": (lambda: _zip({"a.txt": b"x" * 100}, zipfile.ZIP_STORED).replace(b"x" * 100, b"y" * 100),
+                    "cannot be read as a zip archive"),
+    "x.7z": (lambda: b"7z\xbc\xaf\x27\x1c" + bytes(32), "a 7z archive, which the scan cannot open"),
+    "x.zst": (lambda: b"\x28\xb5\x2f\xfd" + bytes(32), "a zstd archive, which the scan cannot open"),
+    "x.rar": (lambda: b"Rar!\x1a\x07\x00" + bytes(32), "a rar archive, which the scan cannot open"),
+    "encrypted.zip": (_encrypted_zip, "is encrypted"),
+    "hidden-member.zip": (_hidden_member_zip, "its directory does not list"),
+    "concatenated.tar": (lambda: _tar({"a.txt": b"a\n"}) + _tar(_leaky_members()), "after the last member"),
+    "deep.zip": (lambda: _nested(rel.ARCHIVE_DEPTH + 2), "archives nested more than"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSCANNABLE))
+def test_an_archive_the_scan_cannot_read_is_refused_not_passed(release, tmp_path, name):
+    make, why = UNSCANNABLE[name]
+    data = make()
+    leaky = tmp_path / "leaky"
+    shutil.copytree(release[0], leaky)
+    (leaky / "docs" / name).write_bytes(data)
+    problems = scan(leaky)
+    assert any(p.startswith(f"docs/{name}") and why in p and "\n" not in p for p in problems), problems
+    (tmp_path / name).write_bytes(data)
+    assert any(why in p for p in scan(tmp_path / name))
+
+
+def test_archives_past_the_bounds_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(rel, "ARCHIVE_BYTES", 10_000)
+    (tmp_path / "big.zip").write_bytes(_zip({"zeros.txt": bytes(20_000)}))  # 20 kB unpacked from ~100 bytes
+    assert any("unpacks to more than" in p for p in scan(tmp_path / "big.zip"))
+    (tmp_path / "ok.zip").write_bytes(_zip({"zeros.txt": bytes(5_000)}))
+    assert scan(tmp_path / "ok.zip") == []
+    monkeypatch.setattr(rel, "ARCHIVE_MEMBERS", 3)
+    (tmp_path / "many.zip").write_bytes(_zip({f"{i}.txt": b"x" for i in range(5)}))
+    assert any("holds more than 3 members" in p for p in scan(tmp_path / "many.zip"))
+    monkeypatch.setattr(rel, "ARCHIVE_DEPTH", 2)
+    (tmp_path / "deep.zip").write_bytes(_nested(3))
+    assert any("nested more than 2 deep" in p for p in scan(tmp_path / "deep.zip"))
+    (tmp_path / "deep.zip").write_bytes(_nested(2))
+    assert any("contains the canary" in p for p in scan(tmp_path / "deep.zip")), "within the bound: scanned"
+
+
+def test_the_scan_reads_binary_and_encoded_files_as_their_bytes(release, tmp_path):
+    """A canary or solution code in a file that is not UTF-8 text is found all the same: in the raw
+    bytes of a binary file, in UTF-16, and in a notebook (JSON: the code is in escaped strings)."""
+    out, _ = release
+    leaky = tmp_path / "leaky"
+    shutil.copytree(out, leaky)
+    token = canaries()[0]
+    solution = "\n".join(line for line in (ROOT / "solutions" / "flash_forward.py").read_text().splitlines()
+                         if "SOLUTION" not in line and "CANARY" not in line)
+    (leaky / "docs" / "fig.jpg").write_bytes(JPEG[:-2] + f"<{token}>".encode() + JPEG[-2:])
+    (leaky / "docs" / "utf16.md").write_bytes(f"see {token}\n".encode("utf-16"))
+    (leaky / "docs" / "lesson.ipynb").write_text(
+        __import__("json").dumps({"cells": [{"cell_type": "code", "source": solution.splitlines(True)}]}, indent=1))
+    problems = "\n".join(scan(leaky))
+    assert f"docs/fig.jpg: contains the canary {token}" in problems
+    assert f"docs/utf16.md: contains the canary {token}" in problems
+    assert "docs/lesson.ipynb: contains code copied from the solution region at solutions/flash_forward.py" in problems
+
+
+def test_what_the_scan_cannot_read_in_a_folder_is_a_problem(release, tmp_path):
+    out, _ = release
+    leaky = tmp_path / "leaky"
+    shutil.copytree(out, leaky)
+    (leaky / "docs" / "answers.py").symlink_to(ROOT / "solutions" / "flash_forward.py")
+    (leaky / "docs" / "more").symlink_to(ROOT / "solutions")
+    os.mkfifo(leaky / "docs" / "pipe")
+    problems = "\n".join(scan(leaky))
+    assert "docs/answers.py: a symlink" in problems and "docs/more: a symlink" in problems
+    assert "docs/pipe: not a regular file" in problems
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert any("holds no file to scan" in p for p in scan(empty))
+
+
+def _cli(*args: str | bytes, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "instructor.release", *args], cwd=ROOT, capture_output=True,
+                          env={**_env(), "PYTHONPATH": str(ROOT), "LC_ALL": "C.UTF-8", **(env or {})}, timeout=300)
+
+
+def _one_line_error(r: subprocess.CompletedProcess, *words: str) -> str:
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode != 0, (r.stdout, err)
+    assert "Traceback" not in err and err.startswith("error: ") and err.count("\n") == 1, err
+    assert b"clean" not in r.stdout, r.stdout
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def test_scan_cli_refuses_a_path_it_cannot_scan(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    _one_line_error(_cli("--scan", str(tmp_path / "nonexistent")), "does not exist", "give the release folder")
+    _one_line_error(_cli("--scan", str(tmp_path / "pipe")), "not a folder or a regular file")
+    _one_line_error(_cli("--scan", str(tmp_path / "x.zip" / "y")), "does not exist")
+
+
+def test_scan_cli_scans_a_single_file_and_an_archive(tmp_path):
+    r = _cli("--scan", str(ROOT / "solutions" / "flash_forward.py"))
+    assert r.returncode == 1 and b"contains a solution marker" in r.stdout and b"clean" not in r.stdout, r
+    (tmp_path / "leaky.zip").write_bytes(_zip(_leaky_members()))
+    r = _cli("--scan", str(tmp_path / "leaky.zip"))
+    assert r.returncode == 1 and b"leaky.zip::solutions/flash_forward.py: a solutions file" in r.stdout, r
+    assert b"leaky.zip::instructor/: an instructor-only folder is present" in r.stdout
+    assert r.stderr.decode().startswith("error: ") and r.stderr.count(b"\n") == 1, r.stderr
+    (tmp_path / "ok.txt").write_text("nothing secret\n")
+    r = _cli("--scan", str(tmp_path / "ok.txt"))
+    assert r.returncode == 0 and b"clean (1 files and 0 archive members scanned" in r.stdout, r
+
+
+# --- make release on a source tree that holds a binary file or an archive (a copy of the repository)
+
+
+@pytest.fixture
+def source(tmp_path, monkeypatch):
+    """A copy of the repository's student folders, solutions and student requirements as rel.ROOT (the
+    hidden tests and canaries stay the real ones)."""
+    repo = tmp_path / "repo"
+    for folder in (*rel.STUDENT, "solutions"):
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns(*rel.SKIP, "*.pyc"))
+    for f in ("requirements-student.txt", "requirements-student.lock"):
+        shutil.copy(ROOT / f, repo / f)
+    monkeypatch.setattr(rel, "ROOT", repo)
+    return repo
+
+
+def test_make_release_ships_binary_files_counts_their_bytes_and_scans_them(source, tmp_path, capsys):
+    (source / "docs" / "handout" / "fig.jpg").write_bytes(JPEG)
+    out = tmp_path / "out"
+    assert rel.main(["--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "(scanned: clean)" in printed and " bytes" in printed, printed
+    assert (out / "docs" / "handout" / "fig.jpg").read_bytes() == JPEG
+    docs = {name: (n, lines, size) for name, n, lines, size in rel.sizes(out)}["docs"]
+    shipped = [p for p in (out / "docs").rglob("*") if p.is_file()]
+    assert docs[0] == len(shipped) and docs[2] == sum(p.stat().st_size for p in shipped)
+    assert docs[1] == sum(len(p.read_text().splitlines()) for p in shipped if p.suffix == ".md")
+    token = canaries()[0]  # a canary inside a binary file's bytes
+    (source / "docs" / "handout" / "fig.jpg").write_bytes(JPEG[:-2] + token.encode() + JPEG[-2:])
+    with pytest.raises(SystemExit) as e:
+        rel.main(["--out", str(tmp_path / "out2")])
+    assert f"docs/handout/fig.jpg: contains the canary {token}" in str(e.value.code)
+
+
+@pytest.mark.parametrize("name", ["extra.zip", "extra.tar.gz", "nested.tar.gz", "figure.png"])
+def test_make_release_refuses_a_source_archive_that_holds_solutions(source, tmp_path, name):
+    (source / "docs" / name).write_bytes(LEAKY_ARCHIVES[name](_leaky_members()))
+    with pytest.raises(SystemExit) as e:
+        rel.main(["--out", str(tmp_path / "out")])
+    msg = str(e.value.code)
+    assert msg.startswith("error: refusing the release") and f"docs/{name}::" in msg, msg[:2000]
+    assert "(scanned: clean)" not in msg
+
+
+def test_make_release_refuses_a_source_archive_it_cannot_read(source, tmp_path):
+    (source / "docs" / "bundle.7z").write_bytes(UNSCANNABLE["x.7z"][0]())
+    with pytest.raises(SystemExit) as e:
+        rel.main(["--out", str(tmp_path / "out")])
+    assert "docs/bundle.7z: a 7z archive, which the scan cannot open" in str(e.value.code)
+
+
+# --- bad --out values and arguments: one line ("error: ...", what to do), a non-zero exit, no traceback
+
+
+def _bad_out(tmp_path: Path, kind: str) -> str:
+    if kind == "a file":
+        (tmp_path / "file").write_text("x\n")
+        return str(tmp_path / "file")
+    if kind == "a folder under a file":
+        (tmp_path / "file").write_text("x\n")
+        return str(tmp_path / "file" / "release")
+    if kind == "a symlink loop":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        return str(tmp_path / "loop" / "release")
+    if kind == "procfs":
+        return "/proc/release"
+    if kind == "a device":
+        return "/dev/null/release"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["a file", "a folder under a file", "a symlink loop", "procfs", "a device"])
+def test_a_bad_out_is_one_line_and_a_nonzero_exit(tmp_path, kind):
+    if kind == "procfs" and not Path("/proc/self").exists():
+        pytest.skip("no /proc here")
+    out = _bad_out(tmp_path, kind)
+    _one_line_error(_cli("--out", out), "--out")
+
+
+@pytest.mark.parametrize("folder", [*rel.STUDENT, *rel.INSTRUCTOR])
+def test_an_out_inside_the_repository_folders_is_refused(source, folder):
+    """Into starter/ (or any folder of the repository but build/), the next release would ship this
+    one. In a copy of the repository (rel.ROOT), so that a failing run writes nothing here."""
+    (source / folder).mkdir(exist_ok=True)
+    with pytest.raises(SystemExit) as e:
+        rel.main(["--out", str(source / folder / "release")])
+    msg = str(e.value.code)
+    assert msg.startswith("error: refusing") and "\n" not in msg and "--out" in msg, msg
+    assert not (source / folder / "release").exists()
+
+
+def test_a_write_that_fails_midway_is_one_line(tmp_path, monkeypatch):
+    """A read-only file system or a full disk (the OS refuses a write; root is not stopped by modes,
+    so the refusal is simulated where the release writes)."""
+    import errno
+
+    def refuse(out, rel_path, data, mode=0o644):
+        raise OSError(errno.EROFS, "Read-only file system", str(out / rel_path))
+
+    monkeypatch.setattr(rel, "_write", refuse)
+    with pytest.raises(SystemExit) as e:
+        rel.main(["--out", str(tmp_path / "out")])
+    msg = str(e.value.code)
+    assert msg.startswith("error: cannot write the release") and "Read-only file system" in msg, msg
+    assert "\n" not in msg and "--out" in msg
+
+
+@pytest.mark.parametrize("args", [["--out"], ["--scan"], ["--bogus"], ["--out", "a", "--scan", "b"]])
+def test_bad_arguments_are_one_line(args):
+    r = _cli(*args)
+    assert r.returncode == 2
+    _one_line_error(r, "--help")
+
+
+def test_an_out_path_that_is_not_utf8_is_written_and_printed(tmp_path):
+    out = os.fsencode(tmp_path) + b"/rel\xff"
+    r = _cli("--out", out, env={"PYTHONIOENCODING": "utf-8"})  # a strict stdout, as under en_US.UTF-8
+    assert r.returncode == 0 and b"(scanned: clean)" in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert b"Traceback" not in r.stderr and os.path.isfile(out + b"/Makefile")
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
+    """`... | head -1`: the reader goes away; the command ends without a traceback, non-zero."""
+    (tmp_path / "ok.txt").write_text("nothing secret\n")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "instructor.release", "--scan", str(tmp_path / "ok.txt")], cwd=ROOT,
+                           stdout=write, stderr=subprocess.PIPE, env={**_env(), "PYTHONPATH": str(ROOT)}, timeout=300)
+    finally:
+        os.close(write)
+    assert r.returncode != 0 and b"Traceback" not in r.stderr and b"BrokenPipe" not in r.stderr, r.stderr
