@@ -93,7 +93,31 @@ def _tiles_through_index_put(q, k, v, bq=16, bk=16):
     return torch.cat(out, dim=-2)
 
 
-@pytest.mark.parametrize("panel", [_panel_by_cat, _tiles_in_a_buffer, _tiles_reshaped_small, _tiles_through_index_put])
+def _tiles_scattered(q, k, v, bq=16, bk=16):
+    out = []
+    for i0 in range(0, q.shape[-2], bq):
+        qi = q[..., i0:i0 + bq, :]
+        buf = q.new_zeros(qi.shape[-2], k.shape[-2])
+        for j0 in range(0, k.shape[-2], bk):
+            buf = buf.scatter(1, torch.arange(j0, j0 + bk).expand(qi.shape[-2], bk), qi @ k[j0:j0 + bk].t())
+        out.append(torch.softmax(buf, dim=-1) @ v)
+    return torch.cat(out, dim=-2)
+
+
+def _tiles_kept_in_a_dict_sorted(q, k, v, bq=16, bk=16):
+    """Tiles in a dict, the row max from a sort of the concatenated P̃ ... a two-pass softmax over a dict."""
+    out = []
+    for i0 in range(0, q.shape[-2], bq):
+        qi = q[..., i0:i0 + bq, :]
+        tiles = {j0: qi @ k[j0:j0 + bk].t() for j0 in range(0, k.shape[-2], bk)}
+        m = torch.stack([t.sort(-1)[0][:, -1] for t in tiles.values()]).amax(0).unsqueeze(-1)
+        p = {j0: torch.exp(t - m) for j0, t in tiles.items()}
+        out.append(sum(t @ v[j0:j0 + bk] for j0, t in p.items()) / sum(t.sum(-1, keepdim=True) for t in p.values()))
+    return torch.cat(out, dim=-2)
+
+
+@pytest.mark.parametrize("panel", [_panel_by_cat, _tiles_in_a_buffer, _tiles_reshaped_small, _tiles_through_index_put,
+                                   _tiles_scattered, _tiles_kept_in_a_dict_sorted])
 def test_a_row_of_scores_put_together_from_tiles_spans_every_key(panel):
     q, k, v = _qkv(32, 8, nk=64)
     rp = _replay(panel, q, k, v)
@@ -108,8 +132,14 @@ def test_a_row_of_scores_put_together_from_tiles_spans_every_key(panel):
                                   AttnCase((), 1, 203, 16, causal=True, block_q=32, block_k=32)])
 def test_the_reference_holds_the_scores_of_one_k_v_block_at_a_time(case):
     q, k, v = case.qkv()
-    span = _keys(flash_forward, q, k, v, **case.kwargs())
+    rp = _replay(flash_forward, q, k, v, **case.kwargs())
+    span = L.pair_keys(rp, FORWARD_ROWS)
     assert span.keys == min(case.block_k, case.nk), span
+    tags = L._TagReplay(rp, FORWARD_ROWS, L.Lives(rp))
+    for index, op in enumerate(rp.prepared):
+        if not (op.info.view or op.info.scalar_out):
+            tags.step(index, op)
+    assert tags.without_rule == [] and not tags.unfollowed  # every op of the reference followed by a rule
 
 
 def test_a_statistic_broadcast_over_the_keys_keeps_the_tile_and_a_reduction_over_one_key_reduces():

@@ -34,6 +34,7 @@ A product whose value is multiplied by zero still reaches the result: live_ops f
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
@@ -216,6 +217,13 @@ def kept_for_backward(rp: replay.Replayed, mark: str = "backward", lives: Lives 
 # the (query, key) tag replay
 
 NONE, REDUCED = 0, 1  # a tag field: 0 depends on no row, 1 reduced over several, r + 2 indexed by row r
+# The tag replay's own bounds (the replay's budget lets a record hold 4 GiB of new tensors and run for a
+# minute a pass; tags take 8 bytes an element, and the tags of a storage that no later op reads are
+# dropped): the largest legal calls of the tests hold under 10^5 tagged elements at once and take under
+# 15 s on a loaded machine (row-vector and per-key variants at Nq = Nk = 1023, 10^5 ops); a record above
+# either bound is not followed and counts as every key.
+TAG_BUDGET = 2**25
+TAG_SECONDS = 60.0
 QUERY, KEY = 0, 1  # the two fields of a tag: the query row, the key
 
 _REDUCTIONS = frozenset("sum mean amax amin argmax argmin all any prod std var logsumexp max min sum_to_size".split())
@@ -375,10 +383,13 @@ class _TagReplay:
         self.span: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # data pointer -> per query row (lo, hi)
         self.written_at: dict[int, list[int]] = {}  # data pointer -> the ops that write it
         self.unfollowed = ""
+        self.without_rule: list[str] = []  # ops whose tags no rule followed (their outputs: reduced)
+        self.tagged = 0  # elements of the live tag storages (bounded: TAG_BUDGET)
         self._views: dict[int, torch.Tensor] = {}  # id(tensor of the replay) -> its tag view (the env keeps them)
         self._ptr: dict[int, int | None] = {}  # id(tensor of the replay) -> its storage's data pointer
         self.version: dict[int, int] = {}  # data pointer -> writes so far
-        self._reduced: dict[tuple, torch.Tensor] = {}
+        self._reduced: dict[int, dict[tuple, torch.Tensor]] = {}  # data pointer -> cached matmul reductions
+        self._views_of: dict[int, list[int]] = {}  # data pointer -> ids of the tensors whose views are cached
         for index, op in enumerate(rp.prepared):
             if not op.info.view:
                 for leaf in op.leaves:
@@ -421,6 +432,7 @@ class _TagReplay:
             return _reduce_all(flat).expand(*t.shape, 2)
         out = self._views[id(t)] = flat.as_strided((*t.shape, 2), (*(2 * s for s in t.stride()), 1),
                                                     2 * t.storage_offset())
+        self._views_of.setdefault(ptr, []).append(id(t))
         return out
 
     def reduced(self, t: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
@@ -430,11 +442,22 @@ class _TagReplay:
         if tv is None:
             return None
         ptr = self._ptr_of(t)
-        key = (ptr, self.version.get(ptr, 0), tuple(t.shape), t.stride(), t.storage_offset(), tuple(dims))
-        hit = self._reduced.get(key)
+        key = (self.version.get(ptr, 0), tuple(t.shape), t.stride(), t.storage_offset(), tuple(dims))
+        cache = self._reduced.setdefault(ptr, {})
+        hit = cache.get(key)
         if hit is None:
-            hit = self._reduced[key] = _reduce(tv, dims, False)
+            hit = cache[key] = _reduce(tv, dims, False)
         return hit
+
+    def release(self, ptr: int) -> None:
+        """Forget a storage that no later op reads (its tags, views and summary)."""
+        flat = self.tags.pop(ptr, None)
+        if flat is not None:
+            self.tagged -= flat.shape[0]
+        self.span.pop(ptr, None)
+        self._reduced.pop(ptr, None)
+        for i in self._views_of.pop(ptr, ()):
+            self._views.pop(i, None)
 
     def _write(self, t: torch.Tensor, tags: torch.Tensor | None) -> None:
         """Write `tags` (broadcast to t's shape; None: NONE) into t's elements."""
@@ -445,8 +468,12 @@ class _TagReplay:
         if flat is None:
             if tags is None or not bool(tags.any()):
                 return
-            st = t.untyped_storage()
-            flat = self.tags[ptr] = torch.zeros(st.nbytes() // t.element_size(), 2, dtype=torch.int32)
+            n = t.untyped_storage().nbytes() // t.element_size()
+            self.tagged += n
+            if self.tagged > TAG_BUDGET:
+                self.unfollowed = f"the call holds more than {TAG_BUDGET:,} elements made from its inputs"
+                return
+            flat = self.tags[ptr] = torch.zeros(n, 2, dtype=torch.int32)
             self.unit[ptr] = t.element_size()
         self.version[ptr] = self.version.get(ptr, 0) + 1
         if t.element_size() != self.unit[ptr]:  # written as another dtype: every element gets what was written
@@ -458,6 +485,7 @@ class _TagReplay:
             if dest is None:
                 dest = self._views[id(t)] = flat.as_strided((*t.shape, 2), (*(2 * s for s in t.stride()), 1),
                                                              2 * t.storage_offset())
+                self._views_of.setdefault(ptr, []).append(id(t))
             if tags is None:
                 dest.zero_()
             else:
@@ -526,6 +554,7 @@ class _TagReplay:
         except (RuntimeError, IndexError, ValueError, TypeError):
             computed = None
         if computed is None:  # an op without a rule: its outputs reduced over all of its inputs
+            self.without_rule.append(info.name)
             whole = None
             for x in tree_flatten([a, kw])[0]:
                 tv = self.view(x)
@@ -732,9 +761,16 @@ def pair_keys(rp: replay.Replayed, rows: dict[int, tuple[int, int]], lives: Live
     live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     best = PairSpan(0, -1, -1, -1, -1, [])
     storages = lives.storages
+    deadline = time.perf_counter() + TAG_SECONDS
+    dies: dict[int, list[int]] = {}  # op -> the storages no op after it reads
+    for ptr, s in storages.items():
+        if 0 <= s.last < lives.n_ops:
+            dies.setdefault(s.last, []).append(ptr)
     with torch.no_grad():
         for index, op in enumerate(rp.prepared):
             changed = False
+            if not index & 255 and time.perf_counter() > deadline:
+                return PairSpan(_BIG, -1, -1, -1, index, [], f"following the call took the judge over {TAG_SECONDS:g} s")
             if not (op.info.view or op.info.scalar_out):
                 tr.step(index, op)
                 for leaf in op.leaves:
@@ -762,7 +798,9 @@ def pair_keys(rp: replay.Replayed, rows: dict[int, tuple[int, int]], lives: Live
             for ptr in ends.pop(index, ()):
                 if storages[ptr].last <= index:
                     live.pop(ptr, None)
-            if tr.unfollowed and not best.unfollowed:
+            for ptr in dies.pop(index, ()):
+                tr.release(ptr)
+            if tr.unfollowed:
                 shapes = sorted((lives.shape(storages[p]) for p in live), key=lambda s: -math.prod(s))
-                best = PairSpan(_BIG, -1, -1, -1, index, shapes[:4], tr.unfollowed)
+                return PairSpan(_BIG, -1, -1, -1, index, shapes[:4], tr.unfollowed)
     return best
