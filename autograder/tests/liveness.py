@@ -520,6 +520,20 @@ class _TagReplay:
         read = [env[r] for r in op.reads]
         if all(self.view(t) is None for t in read) and all(self._untagged(t) for t in outs):
             return  # nothing tagged in, nothing tagged to overwrite
+        try:
+            self._step(index, op, read, outs)
+        except (RuntimeError, IndexError, ValueError, TypeError, KeyError):  # arguments no rule foresaw
+            self.without_rule.append(info.name)
+            whole = None
+            for t in read:
+                tv = self.view(t)
+                if tv is not None:
+                    whole = _combine(whole, _reduce(tv.reshape(-1, 2), [0], False, keep=False))
+            for t in outs:
+                self._write(t, whole)
+
+    def _step(self, index: int, op: Any, read: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        info, env = op.info, self.rp.env
         short = _plain(info.short)
         kind = KINDS.get(short) if info.trusted is None else None
         overload = getattr(info.func, "_overloadname", "")
@@ -549,10 +563,7 @@ class _TagReplay:
             for t in outs:
                 self._write(t, whole)
             return
-        try:
-            computed = self._compute(kind, short, overload, info, a, kw, outs, index)
-        except (RuntimeError, IndexError, ValueError, TypeError):
-            computed = None
+        computed = self._compute(kind, short, overload, info, a, kw, outs, index)
         if computed is None:  # an op without a rule: its outputs reduced over all of its inputs
             self.without_rule.append(info.name)
             whole = None
