@@ -507,8 +507,10 @@ def forward_peak_bound(case: AttnCase) -> int:
       S - m, P̃: each read by the next, two live at once, a third for a float64 copy or an einsum's
       reshape), and m, ℓ, acc of the Q block with their updates (old and new values, α, acc·α, P̃V: up to
       three B_r·(dv + 2) at once): 3·B_r·(B_c + dv + 2).
-    Measured (tests/test_liveness.py): the reference and every catalogued variant use at most 1.8 of those
-    3 units beyond Nq·(2·dv + 3) (FA2 with m, ℓ, acc of all rows in buffers: 1.76; the reference: 1.55)."""
+    Measured over the catalogue (instructor/equivalents, every part-2 case): beyond Nq·(2·dv + 3) the
+    reference uses at most 1.55 of those 3 units, the worst variants 1.82 (the causal mask counted by a
+    cumsum of ones_like(S), made "from q and k" by its shape) and 1.76 (FA2 with m, ℓ, acc of all rows in
+    buffers); tests/test_liveness.py checks the reference against 2 units on the long-row cases."""
     lead = math.prod(case.lead)
     br, bc, dv = min(case.block_q, case.nq), min(case.block_k, case.nk), case.d
     return lead * (case.nq * (2 * dv + 3) + 3 * br * (bc + dv + 2))
