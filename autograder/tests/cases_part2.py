@@ -10,8 +10,12 @@ Each part is checked three ways:
 (c) against what the JUDGE measures in its own replay of the call (autograder/engine/replay.py):
     the worker records the aten ops the call ran, the judge checks them against its allow-list (no
     fused attention op under any name, no dense logsumexp/softmax), replays them on its own copy of
-    the inputs and measures matmul FLOPs (exact, whole-block causal skipping), the largest new storage (no Nq×Nk)
-    and float64 copies of float32 data.
+    the inputs and measures matmul FLOPs (exact, whole-block causal skipping; of the ops whose results reach
+    the output: liveness.live_matmul_flops), the largest new storage (no Nq×Nk), the keys of every q·kᵀ
+    matmul (key_extents), the keys that the live scores of a query row span at any time, however they were
+    put together (liveness.pair_keys: S and P̃ one B_r × B_c tile at a time, §5.1), the peak of live data
+    made from q and k in the trace tests (liveness.peak_score_like against forward_peak_bound), and float64
+    copies of float32 data.
 
 Every test of this part, values included, grades the REPLAY's output against references the judge
 computes; the structure of that same replay is checked in the same test (`check_forward_structure`).
@@ -38,6 +42,7 @@ from autograder.engine.checks import CheckFailure, check, check_close, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
+from . import liveness
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -301,17 +306,56 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
     check_trace_common(trace, fn="flash_forward", nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize,
                        inputs=inputs, upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
     check_key_extents(rp, case, fn="flash_forward", inputs=inputs)
-    if not matmul_flops_defined(case):
+    if matmul_flops_defined(case):
+        expected, full = forward_flops(case), forward_flops(case, causal=False)
+        pairs = len(block_pairs(case.nq, case.nk, case.causal, case.block_q, case.block_k))
+        total = len(block_pairs(case.nq, case.nk, False, case.block_q, case.block_k))
+        rule = "Σ over visible block pairs of 4·B_r·B_c·d" if case.causal else "4·Nq·Nk·d per (batch, head)"
+        skipping = " (whole-block causal skipping, §6.2)" if case.causal else ""
+        got = liveness.live_matmul_flops(rp)
+        check(got == expected, what=f"matmul FLOPs of flash_forward = {rule}{skipping}",
+              detail=(f"counted {got:,}{dead_flops(rp, got)}, expected {expected:,}"
+                      + (f" ({pairs} of {total} block pairs; all pairs would be {full:,})" if case.causal else "")),
+              hint=flops_hint(got, expected, full, trace), inputs=inputs)
+    check_tiles_live(rp, case, fn="flash_forward", inputs=inputs, rows=FORWARD_ROWS)
+
+
+def dead_flops(rp: replay.Replayed, live: int, start: int = 0) -> str:
+    """A note for a FLOP detail: the FLOPs of products whose results nothing uses (not counted)."""
+    dead = rp.flops_between(start) - live
+    return f" in ops whose results reach the output (+{dead:,} in products nothing uses, not counted)" if dead else ""
+
+
+# flash_forward(q, k, v): what numbers the rows of each input for liveness.pair_keys (q's rows are queries,
+# k's and v's rows are keys)
+FORWARD_ROWS = {0: (liveness.QUERY, -2), 1: (liveness.KEY, -2), 2: (liveness.KEY, -2)}
+HINT_TILES = ("S and P̃ exist one B_r × B_c tile at a time (§5.1): fold each tile into the running m, ℓ and acc of its "
+              "rows (online softmax, §4.3) before the next K/V block; scores of many K/V blocks held together (a "
+              "row panel from torch.cat or stack, tiles kept in a list or dict, a buffer written tile by tile) are "
+              "the Nq × Nk matrix again, a row block at a time")
+
+
+def check_tiles_live(rp: replay.Replayed, case: Any, *, fn: str, inputs: dict, rows: dict[int, tuple[int, int]],
+                     limit: int | None = None, hint: str = HINT_TILES, lives: liveness.Lives | None = None,
+                     what: str | None = None) -> None:
+    """§5.1: the scores of a query row exist one K/V block at a time. liveness.pair_keys tags every element
+    of the replay with the query row and the key it is indexed by and measures, at every op, how many keys
+    the live (query, key) data of one query row spans (S, P̃, dP, dS and anything moved or computed from them
+    element by element; m, ℓ, acc, o are reduced over the keys). A correct program, whatever its loop
+    order, (batch, head) grouping, dtype or per-key updates, holds one K/V block: at most B_c keys (`limit`)."""
+    limit = min(case.block_k, case.nk) if limit is None else limit
+    span = liveness.pair_keys(rp, rows, lives)
+    if span.keys <= limit:
         return
-    expected, full = forward_flops(case), forward_flops(case, causal=False)
-    pairs = len(block_pairs(case.nq, case.nk, case.causal, case.block_q, case.block_k))
-    total = len(block_pairs(case.nq, case.nk, False, case.block_q, case.block_k))
-    rule = "Σ over visible block pairs of 4·B_r·B_c·d" if case.causal else "4·Nq·Nk·d per (batch, head)"
-    skipping = " (whole-block causal skipping, §6.2)" if case.causal else ""
-    check(trace["matmul_flops"] == expected, what=f"matmul FLOPs of flash_forward = {rule}{skipping}",
-          detail=(f"counted {trace['matmul_flops']:,}, expected {expected:,}"
-                  + (f" ({pairs} of {total} block pairs; all pairs would be {full:,})" if case.causal else "")),
-          hint=flops_hint(trace["matmul_flops"], expected, full, trace), inputs=inputs)
+    shapes = ", ".join(str(s) for s in span.shapes[:3])
+    if span.unfollowed:
+        detail = f"{span.unfollowed} (the grader then counts every key); live then: tensors of shapes {shapes}"
+    else:
+        detail = (f"at op {span.at} of the call, scores of query row {span.row} for keys {span.lo}..{span.hi} "
+                  f"({span.keys} keys) existed at once, in tensors of shapes {shapes}; a K/V block has {limit}")
+    check(False, what=what or (f"{fn} holds S and P̃ one B_r × B_c tile at a time (§5.1): the live scores of a "
+                               f"query row span at most B_c keys"),
+          detail=detail, hint=hint, inputs=inputs)
 
 
 def check_key_extents(rp: replay.Replayed, case: AttnCase, *, fn: str, inputs: dict,
@@ -455,12 +499,54 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
     return found
 
 
+def forward_peak_bound(case: AttnCase) -> int:
+    """The most elements of data made from both q and k (liveness.peak_score_like) that a correct forward
+    holds at once, all (batch, head) pairs together (lead of them), from this analysis:
+    - the outputs o and lse, Nq·(dv + 1) per pair, live from their allocation to the end; FA1's loop order
+      (K/V blocks outer) keeps m, ℓ and acc of every row as well, Nq·(dv + 2), and makes o and lse from
+      them at the end: Nq·(2·dv + 3);
+    - inside the loops, one (Q block, K/V block) tile of B_r × B_c and what follows from it (masked S,
+      S - m, P̃: each read by the next, two live at once, a third for a float64 copy or an einsum's
+      reshape), and m, ℓ, acc of the Q block with their updates (old and new values, α, acc·α, P̃V: up to
+      three B_r·(dv + 2) at once): 3·B_r·(B_c + dv + 2).
+    Measured over the catalogue (instructor/equivalents, every part-2 case): beyond Nq·(2·dv + 3) the
+    reference uses at most 1.55 of those 3 units, the worst variants 1.82 (the causal mask counted by a
+    cumsum of ones_like(S), made "from q and k" by its shape) and 1.76 (FA2 with m, ℓ, acc of all rows in
+    buffers); tests/test_liveness.py checks the reference against 2 units on the long-row cases."""
+    lead = math.prod(case.lead)
+    br, bc, dv = min(case.block_q, case.nq), min(case.block_k, case.nk), case.d
+    return lead * (case.nq * (2 * dv + 3) + 3 * br * (bc + dv + 2))
+
+
+def peak_separates(case: AttnCase) -> bool:
+    """Whether one (batch, head)'s row panel, B_r × Nk scores live at once (one copy, written in place),
+    next to the outputs o and lse of every pair, exceeds forward_peak_bound: where the peak tells a tiled
+    forward from a row panel however it was put together."""
+    lead = math.prod(case.lead)
+    return min(case.block_q, case.nq) * case.nk + lead * case.nq * (case.d + 1) > forward_peak_bound(case)
+
+
+def check_peak(rp: replay.Replayed, case: AttnCase, *, fn: str, inputs: dict) -> None:
+    """§5.1 measured as memory: the peak of live data made from q and k stays within forward_peak_bound."""
+    peak = liveness.peak_score_like(rp)
+    bound = forward_peak_bound(case)
+    check(peak.elements <= bound,
+          what=f"{fn} holds the scores one B_r × B_c tile at a time (§5.1): at most {bound:,} elements made from q "
+               f"and k live at once",
+          detail=f"at op {peak.at} of the call, {peak.elements:,} elements made from q and k were live at once "
+                 f"(the largest: {', '.join(str(s) for s, _ in peak.largest[:3])}); o, lse, m, ℓ and acc of every "
+                 f"row and three tiles with their Q block's statistics are {bound:,}", hint=HINT_TILES, inputs=inputs)
+
+
 def check_forward_trace(student, case: AttnCase, *, hidden: bool = False) -> None:
-    """flash_forward replayed: no fused op, no Nq×Nk storage, exact matmul FLOPs, and a correct result."""
+    """flash_forward replayed: no fused op, no Nq×Nk storage, exact matmul FLOPs, one tile of scores at a
+    time (also measured as memory where the shapes separate), and a correct result."""
     assert separates(case) and matmul_flops_defined(case), f"test bug: {case.id} cannot separate tiled from naive"
     rp, q, k, v = replayed_forward(student, case)
     inputs = case.shown(q, k, v)
     check_forward_structure(rp, case, inputs=inputs)
+    if peak_separates(case):
+        check_peak(rp, case, fn="flash_forward", inputs=inputs)
     o, _ = unpack(rp.result, 2, what="flash_forward returns (o, lse)")
     ref_o, _ = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)

@@ -16,10 +16,13 @@ Part 4 is graded independently of part 2:
     bottom-right alignment with Nq != Nk both ways.
 (c) what the JUDGE measures in its own replay (autograder/engine/replay.py): backward matmul FLOPs
     between the tightest legal causal skipping and 2.5× the forward's whole-block count (5 tile
-    matmuls against 2, §7.5) plus D as a matmul; no fused op, no Nq×Nk storage, no float64 copy of
-    float32 data; the Function keeps q, k, v, O and lse and no Nq×Nk tensor for its backward: the
-    tensors made in the forward that the recorded backward reads (saved tensors, ctx attributes and
-    closures alike).
+    matmuls against 2, §7.5) plus D as a matmul, counting only ops whose results reach the gradients
+    (liveness.live_matmul_flops: a product nothing uses recomputes nothing); no fused op, no Nq×Nk
+    storage; S, P, dP and dS one B_r × B_c tile at a time (cases_part2.check_tiles_live); the Function
+    keeps q, k, v, O and lse and nothing more for its backward: the storages made in the forward that
+    the recorded backward reads (saved tensors, ctx attributes, closures, lists and dicts of tiles
+    alike), no one of them Nq × Nk per head and all of them together no more than q, k, v, O and lse
+    hold (§7.2: the backward recomputes S and P).
 
 Every test grades the replay's output (the worker's own return values are never used), and a second
 replay on judge-drawn inputs must compute the reference gradients of those inputs (check_twin).
@@ -37,8 +40,10 @@ from autograder.engine.checks import check, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
-from .cases_part2 import (KEY_SIDE, QUERY_SIDE, VALUE_SIDE, AttnCase, check_key_extents, check_trace_common,
-                          close_or_diagnose, forward_flops, matmul_flops_defined, separates)
+from . import liveness
+from .cases_part2 import (KEY_SIDE, QUERY_SIDE, VALUE_SIDE, AttnCase, check_key_extents, check_tiles_live,
+                          check_trace_common, close_or_diagnose, dead_flops, forward_flops, matmul_flops_defined,
+                          separates)
 
 HINT_BWD_FEWER = ("fewer matmul FLOPs than 2.5× the forward: per visible (Q block, K/V block) pair the backward "
                   "does 5 tile matmuls, S = scale·Q Kᵀ (recomputed), dV += Pᵀ dO, dP = dO Vᵀ, dQ += dS K, "
@@ -161,15 +166,26 @@ def replayed_backward(student, case: AttnCase):
 
 # flash_backward(q, k, v, o, lse, dO): what each input of its record derives from, for the key extents
 BACKWARD_SIDES = {0: QUERY_SIDE, 1: KEY_SIDE, 2: VALUE_SIDE, 3: QUERY_SIDE, 4: QUERY_SIDE, 5: QUERY_SIDE}
+# ... and what numbers its rows, for liveness.pair_keys: q, o, dO (dim -2) and lse (dim -1) by query, k and v by key
+Q_, K_ = liveness.QUERY, liveness.KEY
+BACKWARD_ROWS = {0: (Q_, -2), 1: (K_, -2), 2: (K_, -2), 3: (Q_, -2), 4: (Q_, -1), 5: (Q_, -2)}
+# the Function's record (scenarios/part4.function): q, k, v, dO
+FUNCTION_ROWS = {0: (Q_, -2), 1: (K_, -2), 2: (K_, -2), 3: (Q_, -2)}
+HINT_BACKWARD_TILES = ("recompute S and P one B_r × B_c tile at a time in the backward (§7.2, §7.4): P, dP and dS of a "
+                       "tile are used and dropped before the next one; tiles kept together, from the forward or "
+                       "assembled in the backward, are the Nq × Nk matrix again")
 HINT_BACKWARD_PANEL = ("recompute S, P, dP and dS one B_r × B_c tile at a time (§7.2, §7.4): loop over the K/V blocks "
                        "and, inside, the Q blocks, instead of one matmul of a row block against many keys at once")
 
 
-def check_backward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict, flops: int | None = None,
-                             fn: str = "flash_backward", sides: dict[int, int] | None = None) -> None:
+def check_backward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict, start: int = 0,
+                             fn: str = "flash_backward", sides: dict[int, int] | None = None,
+                             rows: dict[int, tuple[int, int]] = BACKWARD_ROWS) -> None:
     """The replayed backward: no fused op, input dtype, no Nq×Nk storage (where the shapes separate),
-    every Q·Kᵀ-like matmul over at most B_c keys (with `sides`: a direct flash_backward record),
-    matmul FLOPs within backward_flops_bounds."""
+    every Q·Kᵀ-like matmul over at most B_c keys (with `sides`: a direct flash_backward record), matmul
+    FLOPs of the live ops from op `start` on (the backward of a Function's record) within
+    backward_flops_bounds, the live scores of a query row over at most B_c keys (`rows`: what numbers the
+    rows of the record's inputs)."""
     trace = rp.as_trace()
     check_trace_common(trace, fn=fn, nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize, inputs=inputs,
                        fused_hint="flash_backward must compute the tiles itself with torch matmuls, no fused "
@@ -178,16 +194,19 @@ def check_backward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dic
                        upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
     if sides is not None:
         check_key_extents(rp, case, fn=fn, inputs=inputs, sides=sides, hint=HINT_BACKWARD_PANEL)
-    if not matmul_flops_defined(case):
-        return
-    got = trace["matmul_flops"] if flops is None else flops
-    fewest, most = backward_flops_bounds(case)
-    fwd = forward_flops(case)
-    full = 5 * forward_flops(case, causal=False) // 2
-    check(fewest <= got <= most, what=f"matmul FLOPs of {fn}: 2.5 × the forward's (§7.5), causal skipping (§6.2)",
-          detail=f"counted {got:,} = {got / max(fwd, 1):.3g} × the forward's {fwd:,}; a correct backward needs "
-                 f"{fewest:,} to {most:,}",
-          hint=backward_flops_hint(got, fewest if got < fewest else most, full), inputs=inputs)
+    if matmul_flops_defined(case):
+        got = liveness.live_matmul_flops(rp, start)
+        fewest, most = backward_flops_bounds(case)
+        fwd = forward_flops(case)
+        full = 5 * forward_flops(case, causal=False) // 2
+        check(fewest <= got <= most,
+              what=f"matmul FLOPs of {fn}: 2.5 × the forward's (§7.5), causal skipping (§6.2)",
+              detail=f"counted {got:,}{dead_flops(rp, got, start)} = {got / max(fwd, 1):.3g} × the forward's "
+                     f"{fwd:,}; a correct backward needs {fewest:,} to {most:,}",
+              hint=backward_flops_hint(got, fewest if got < fewest else most, full), inputs=inputs)
+    check_tiles_live(rp, case, fn=fn, inputs=inputs, rows=rows, hint=HINT_BACKWARD_TILES,
+                     what=f"{fn} holds S, P, dP and dS one B_r × B_c tile at a time (§7.2): the live scores of "
+                          f"a query row span at most B_c keys")
 
 
 def check_backward_trace(student, case: AttnCase) -> None:
@@ -275,19 +294,39 @@ def check_function_saves(student, case: AttnCase) -> None:
     assert 2 * legit <= nxn, f"test bug: {case.id} cannot tell saved q, k, v from a saved P"
     rp, q, k, v, do = replayed_function(student, case, via="apply")
     inputs = case.shown(q, k, v, do=do)
+    lives = liveness.Lives(rp)
     kept = [list(t.shape) for t in rp.kept_for_backward("backward")]
     big = [s for s in kept if math.prod(s) >= nxn]
     check(not big, what="FlashAttentionFunction keeps no tensor of Nq × Nk or more per head for backward",
           detail=f"the backward reads tensors of shapes {big[:4]} made in the forward; Nq × Nk = {nxn:,} elements",
           hint=HINT_SAVES_P, inputs=inputs)
+    stored = liveness.kept_for_backward(rp, "backward", lives)
+    held, allowed = sum(s.elements for s in stored), kept_bound(case)
+    largest = sorted(stored, key=lambda s: -s.elements)
+    check(held <= allowed,
+          what="FlashAttentionFunction keeps for its backward no more than q, k, v, O and lse hold (§7.2: the "
+               "backward recomputes S and P)",
+          detail=f"the backward reads {len(stored)} storages made in the forward, {held:,} elements in all (the "
+                 f"largest of shapes {[lives.shape(x) for x in largest[:4]]}); q, k, v, O and lse hold "
+                 f"{allowed:,}", hint=HINT_SAVES_P, inputs=inputs)
     o_shape, lse_shape = [*case.lead, case.nq, case.d], [*case.lead, case.nq]
     check(o_shape in kept and lse_shape in kept,
           what="FlashAttentionFunction keeps O and lse for its backward (ctx.save_for_backward)",
           detail=f"the backward reads tensors of shapes {kept[:8]} made in the forward; O is {o_shape}, lse is "
                  f"{lse_shape}", hint=HINT_SAVES_O_LSE, inputs=inputs)
-    start = rp.marks["backward"][0]
-    check_backward_structure(rp, case, inputs=inputs, flops=rp.flops_between(start),
-                             fn="the Function's backward")
+    check_backward_structure(rp, case, inputs=inputs, start=rp.marks["backward"][0], fn="the Function's backward",
+                             rows=FUNCTION_ROWS)
+
+
+def kept_bound(case: AttnCase) -> int:
+    """Elements of q, k, v, O and lse: the most that a forward which saves them (or copies of them, in any
+    dtype: elements are counted, not bytes) keeps for its backward. The call's own inputs q, k, v are not
+    counted at all (they exist anyway), so this also leaves room for O and lse twice, or for scaled or
+    float64 copies of q, k and v. P tiles kept for the backward hold an element per visible (query, key)
+    pair: with Nq = Nk = N and dv = d, a causal head's N(N + 1)/2 against this bound's N(4d + 1), more as
+    soon as N > 8d + 1, and whole tiles hold more (the SAVES cases: 10 of 16 tiles of 32 × 32 at N = 128,
+    d = 16: 10,240 > 8,320 per head before O and lse; N = 150, d = 8 non-causal: 22,500 > 4,950)."""
+    return math.prod(case.lead) * (case.nq * (case.d + case.d + 1) + case.nk * (case.d + case.d))
 
 
 GRADCHECK_RTOL = 1e-8  # float64: a correct tiled backward is off by ~1e-15 relative; every catalogued bug by > 1e-2

@@ -32,8 +32,10 @@ from autograder.engine.checks import CheckFailure, check, check_close, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
+from . import liveness
 from . import probes as pb
-from .cases_part2 import DTYPES, check_no_hidden_matmul, close_or_diagnose, scores_like_shapes
+from .cases_part2 import (DTYPES, check_no_hidden_matmul, check_tiles_live, close_or_diagnose, dead_flops,
+                          scores_like_shapes)
 
 HINT_VIEWS = ("split_kv must return views of k and v (slicing or torch.tensor_split), not copies: Flash-Decoding "
               "splits the cache without moving it (§8.4)")
@@ -246,14 +248,14 @@ def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tenso
     check_no_upcast(rp, q, "flash_decode", inputs)
     check_no_hidden_matmul(rp.broadcast_product_elems, "flash_decode", inputs)
     low, high = decode_flops_bounds(case)
-    got = rp.matmul_flops
+    got = liveness.live_matmul_flops(rp)
     hint = HINT_DECODE_FLOPS
     if got < low and rp.broadcast_product_elems:
         hint = f"a matmul is written as a broadcast multiply + sum ({rp.broadcast_product_elems:,} products); " \
                "use @ / torch.matmul"
     extra = f" (+ up to {high - low:,} for a combine written as a matmul)" if high > low else ""
     check(low <= got <= high, what="matmul FLOPs of flash_decode = 4·Nq·Nk·d per (batch, head)",
-          detail=f"counted {got:,}, expected {low:,}{extra}", hint=hint, inputs=inputs)
+          detail=f"counted {got:,}{dead_flops(rp, got)}, expected {low:,}{extra}", hint=hint, inputs=inputs)
     longest = max(split_lengths(case.nk, case.num_splits) or [0])
     rows = math.prod(case.lead)
     others = (case.d, case.nq, case.num_splits, *case.lead, rows, rows * case.nq)  # a correct decode's dims
@@ -264,6 +266,29 @@ def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tenso
         check(not spanning, what="flash_decode attends to each segment on its own (no tensor spans all Nk keys)",
               detail=f"new tensors of shapes {spanning[:3]}, made from q and k, span {case.nk} keys or more; the "
                      f"longest segment has {longest}", hint=HINT_DECODE_SPLIT, inputs=inputs)
+    segment = segment_bound(case)
+    if case.num_splits > 1 and segment < case.nk:
+        check_tiles_live(rp, case, fn="flash_decode", inputs=inputs, rows=DECODE_ROWS, limit=segment,
+                         hint=HINT_DECODE_SEGMENTS,
+                         what=f"flash_decode holds the scores of one segment at a time (§8.4): the live scores of "
+                              f"a query row span at most {segment} keys")
+
+
+# flash_decode(q, k, v, num_splits): q's rows are queries, k's and v's rows keys (liveness.pair_keys)
+DECODE_ROWS = {0: (liveness.QUERY, -2), 1: (liveness.KEY, -2), 2: (liveness.KEY, -2)}
+HINT_DECODE_SEGMENTS = ("attend to one segment at a time (attention_partial per segment: its scores are used and "
+                        "dropped, only (o_s, lse_s) stay), then combine the partials (§8.4); scores of several "
+                        "segments held together, in a list or concatenated, are one pass over all the keys")
+
+
+def segment_bound(case: DecodeCase) -> int:
+    """The most keys one segment of a near-equal split (§8.4) holds, for the splits a correct split_kv
+    makes: torch.tensor_split, slicing at round(s·Nk/S) or segments of ceil(Nk/S) keys hold at most
+    ceil(Nk/S); segments of floor(Nk/S) keys with the remainder in the last one hold up to floor(Nk/S) +
+    (Nk mod S), which is at least ceil(Nk/S). With more splits than keys that last form is no split at all
+    (every key in one segment), so there the bound is one key."""
+    n, s = case.nk, case.num_splits
+    return n // s + n % s if s <= n else 1
 
 
 def replayed_decode(student, case: DecodeCase) -> tuple[replay.Replayed, torch.Tensor, torch.Tensor, torch.Tensor]:

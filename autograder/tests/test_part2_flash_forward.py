@@ -29,6 +29,7 @@ MASKED = [AttnCase((2,), 203, 113, 16, causal=True, block_q=32, block_k=32)]
 TRACE = [
     AttnCase((2,), 512, 512, 16, block_q=64, block_k=64),  # 4·N²·d; naive would build 1 MiB per head
     AttnCase((2,), 256, 256, 16, causal=True, block_q=32, block_k=32),  # 36 of 64 block pairs
+    AttnCase((), 128, 1024, 4, block_q=64, block_k=32),  # long rows: a B_r × Nk row panel is 7× the tiled peak
 ]
 
 

@@ -20,6 +20,7 @@ TRACE = [
     AttnCase((2,), 113, 203, 16, causal=True, block_q=32, block_k=64, seed=12),  # causal Nq < Nk
     AttnCase((2,), 203, 113, 16, causal=True, block_q=64, block_k=32, seed=13),  # causal Nq > Nk
     AttnCase((), 384, 320, 16, causal=True, block_q=48, block_k=40, seed=14),  # odd block sizes
+    AttnCase((), 96, 768, 8, causal=True, block_q=48, block_k=24, seed=16),  # long rows: a row panel is 5× the peak
 ]
 
 HIDDEN = {
