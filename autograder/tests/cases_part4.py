@@ -310,12 +310,38 @@ def check_function_saves(student, case: AttnCase) -> None:
                  f"largest of shapes {[lives.shape(x) for x in largest[:4]]}); q, k, v, O and lse hold "
                  f"{allowed:,}", hint=HINT_SAVES_P, inputs=inputs)
     o_shape, lse_shape = [*case.lead, case.nq, case.d], [*case.lead, case.nq]
-    check(o_shape in kept and lse_shape in kept,
+    # O and lse kept as they are, or as views of them (a Function that folds the leading dims once and
+    # saves the folded (B, Nq, d) views is correct): a kept tensor of their shape, or on their storage
+    on_storage = _storages(rp.kept_for_backward("backward"))
+    o_ptr, lse_ptr = _forward_output_storages(rp)
+    check((o_shape in kept or o_ptr in on_storage) and (lse_shape in kept or lse_ptr in on_storage),
           what="FlashAttentionFunction keeps O and lse for its backward (ctx.save_for_backward)",
           detail=f"the backward reads tensors of shapes {kept[:8]} made in the forward; O is {o_shape}, lse is "
                  f"{lse_shape}", hint=HINT_SAVES_O_LSE, inputs=inputs)
     check_backward_structure(rp, case, inputs=inputs, start=rp.marks["backward"][0], fn="the Function's backward",
                              rows=FUNCTION_ROWS)
+
+
+def _storages(tensors: list[torch.Tensor]) -> set[int]:
+    out = set()
+    for t in tensors:
+        try:
+            out.add(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            pass
+    return out
+
+
+def _forward_output_storages(rp: replay.Replayed) -> tuple[int | None, int | None]:
+    """The storages of O and lse of the (first) judge::forward op before the backward: what a Function
+    that saves O and lse, or views of them, keeps."""
+    at = rp.marks.get("backward", [len(rp.prepared)])[0]
+    for op in rp.prepared[:at]:
+        if op.info.name == "judge::forward":
+            outs = [rp.env.get(leaf) for leaf in op.leaves if type(leaf) is int]
+            ptrs = [next(iter(_storages([t])), None) if isinstance(t, torch.Tensor) else None for t in outs]
+            return (ptrs + [None, None])[0], (ptrs + [None, None])[1]
+    return None, None
 
 
 def kept_bound(case: AttnCase) -> int:
