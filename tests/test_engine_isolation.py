@@ -456,12 +456,8 @@ def test_unseeded_random_numbers_are_the_same_in_every_grading(probe, tmp_path):
     assert outcomes == {"passed"}
 
 
-def test_a_recorded_call_is_named_and_limited_by_the_students_function(tmp_path):
-    """Recorded calls all go through the scenario tracing.call: their messages and their scaled time
-    limits (Limits.call_timeouts, keyed by processes.call_label) name the student's function, so a
-    hanging online_summary times out under its own limit and says so; the part's later calls say
-    how the earlier ones were lost."""
-    sub = tmp_path / "sub"
+def _solutions_with_a_hanging_online_summary(sub: Path) -> Path:
+    """The solutions, with an online_summary that never returns (every other function correct)."""
     sub.mkdir()
     for f in (REPO / "solutions").glob("*.py"):
         (sub / f.name).write_text(f.read_text())
@@ -469,6 +465,15 @@ def test_a_recorded_call_is_named_and_limited_by_the_students_function(tmp_path)
     hang = src.replace('    m = torch.full(x.shape[:-1]', '    while True:\n        pass\n    m = torch.full(x.shape[:-1]', 1)
     assert hang != src
     (sub / "online_softmax.py").write_text(hang)
+    return sub
+
+
+def test_a_recorded_call_is_named_and_limited_by_the_students_function(tmp_path):
+    """Recorded calls all go through the scenario tracing.call: their messages and their scaled time
+    limits (Limits.call_timeouts, keyed by processes.call_label) name the student's function, so a
+    hanging online_summary times out under its own limit and says so; the part's later calls say
+    how the earlier ones were lost."""
+    sub = _solutions_with_a_hanging_online_summary(tmp_path / "sub")
     report = grade(sub, parts=[1], limits={"call_timeouts": {"online_softmax.online_summary": 0.5},
                                                 "max_losses": 2})
     msgs = [t["message"] for t in report["tests"] if "test_online_summary" in t["id"]]
@@ -482,13 +487,7 @@ def test_the_grade_budget_bounds_the_whole_grade(tmp_path):
     the calls after it are not run, with that reason, so the report is always written in time."""
     import time
 
-    sub = tmp_path / "sub"
-    sub.mkdir()
-    for f in (REPO / "solutions").glob("*.py"):
-        (sub / f.name).write_text(f.read_text())
-    src = (sub / "online_softmax.py").read_text()
-    hang = src.replace('    m = torch.full(x.shape[:-1]', '    while True:\n        pass\n    m = torch.full(x.shape[:-1]', 1)
-    (sub / "online_softmax.py").write_text(hang)
+    sub = _solutions_with_a_hanging_online_summary(tmp_path / "sub")
     t0 = time.perf_counter()
     report = grade(sub, parts=[1, 6], limits={"grade_budget_s": 4.0})
     assert time.perf_counter() - t0 < 4.0 + 3.0  # the budget, plus start-up and the report
