@@ -31,7 +31,6 @@ Design (the engine, not the notebook kernel, decides the points):
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import sys
@@ -289,7 +288,9 @@ def take_notebook(nb: nbformat.NotebookNode, dest: Path) -> intake.Submission:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m instructor.nbgrader_channel")
+    from autograder.grade import Parser  # the kit's one-line argparse errors
+
+    ap = Parser(prog="python -m instructor.nbgrader_channel")
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("extract", help="write the graded .py files held by a notebook")
     e.add_argument("notebook", type=Path)
@@ -304,4 +305,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from autograder.grade import run_cli  # bad input: one line, never a traceback
+
+    sys.exit(run_cli(main))

@@ -29,7 +29,6 @@ takes a folder, an archive or one file; a path it cannot scan is refused with on
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import bz2
 import codecs
@@ -1009,11 +1008,6 @@ def sizes(release: Path) -> list[tuple[str, int, int, int]]:
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not argparse's usage block
-        self.exit(2, f"error: {message}; see python -m instructor.release --help\n")
-
-
 def _say(text: str, stream=None) -> None:
     """Print `text`, whatever the path characters in it (a non-UTF-8 --out prints escaped)."""
     stream = stream or sys.stdout
@@ -1022,7 +1016,9 @@ def _say(text: str, stream=None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m instructor.release", description=__doc__.split("\n\n")[0])
+    from autograder.grade import Parser  # the kit's one-line argparse errors
+
+    ap = Parser(prog="python -m instructor.release", description=__doc__.split("\n\n")[0])
     what = ap.add_mutually_exclusive_group()
     what.add_argument("--out", type=Path, default=ROOT / "build" / "student-release")
     what.add_argument("--scan", type=Path, default=None,
