@@ -269,8 +269,8 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     options = options or Options()
     check_setup(submissions, out, jobs, options, timeout_s)
+    everyone = list_entries(submissions)  # a wrong folder is named before the machine's sandbox
     info = choose_sandbox(options, sandbox, allow_weak)
-    everyone = list_entries(submissions)
     entries = shard_of(everyone, shard)
     previous = previous_outputs(out)  # before anyone is graded: refuse an --out we cannot account for
     check_out_folders(out, [e.name for e in entries], previous)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autograder.engine import grade
+from autograder.engine.runner import grade_for_student
 
 ROOT = Path(__file__).resolve().parent.parent
 BUG = '''
@@ -66,26 +67,30 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads((gs / "results" / "results.json").read_text())
 
-    # the spec's fields
+    # the spec's fields; points only on the per-part entries, published with the hidden tests
     assert {"score", "output", "visibility", "stdout_visibility", "tests"} <= set(res)
     assert res["visibility"] == "after_published" and res["stdout_visibility"] == "hidden"  # hidden tests ran
+    points_rows = [t for t in res["tests"] if "points" in t.get("tags", [])]
     for t in res["tests"]:
-        assert {"name", "score", "max_score", "visibility", "output"} <= set(t)
-        assert t["visibility"] == ("after_published" if "hidden/" in t["name"] else "visible")
-        assert 0 <= t["score"] <= t["max_score"]
+        assert {"name", "number", "visibility", "output"} <= set(t)
+        hidden = "hidden/" in t["name"] or t in points_rows
+        assert t["visibility"] == ("after_published" if hidden else "visible")
+        assert ("score" in t) == (t in points_rows)
+    assert [t["name"] for t in points_rows] == ["Part 1: points (public and hidden tests)"]
+    assert 0 <= points_rows[0]["score"] <= points_rows[0]["max_score"] == 15
+    assert sum(t["score"] for t in points_rows) == pytest.approx(res["score"])
     assert any("hidden/" in t["name"] for t in res["tests"]) and any("public/" in t["name"] for t in res["tests"])
-    # the engine rounds test scores to 1e-6 and part points to 1e-4: the sums agree to ~1e-4
-    assert abs(sum(t["score"] for t in res["tests"]) - res["score"]) < 1e-3
     assert "conftest.py" in res["output"] and "conftest.py" in res["tests"][0]["output"]  # intake's note, seen at once
 
-    # the same engine on the same file gives the same points (merge_partial's tests fail, the rest pass)
+    # the same engine on the same file gives the same points and outcomes (merge_partial's tests fail)
     impl = tmp_path / "impl"
     impl.mkdir()
     (impl / "online_softmax.py").write_text(text)
     direct = grade(impl, parts=[1], test_sets=("public", "hidden"))
     assert res["score"] == pytest.approx(direct["total"]) and 0 < direct["total"] < direct["max_total"]
-    by_name = {t["name"].split(": ", 1)[1]: t["score"] for t in res["tests"] if t.get("tags") != ["summary"]}
-    assert by_name == {t["id"]: pytest.approx(t["score"]) for t in direct["tests"]}
+    by_name = {t["name"].split(": ", 1)[1]: t["status"] for t in res["tests"]
+               if not {"summary", "points"} & set(t["tags"])}
+    assert by_name == {t["id"]: "passed" if t["outcome"] == "passed" else "failed" for t in direct["tests"]}
 
     # hidden tests are named, not revealed: no parameters in their names, the redacted message only
     for t in res["tests"]:
@@ -93,19 +98,52 @@ def test_run_autograder_writes_results_json_by_the_spec(built, tmp_path):
             assert "inputs:" not in t["output"] and "max abs error" not in t["output"]
 
     # what students see before publication (the visible tests, and the summary among them) counts and
-    # scores public tests only; the grade (public + hidden) is published with the hidden tests
+    # scores public tests only, on their own scale (make grade's); the grade is published with the hidden tests
     visible = [t for t in res["tests"] if t["visibility"] == "visible"]
     summary = next(t for t in visible if t["name"] == "Public tests: summary")
-    public = [t for t in visible if t is not summary]
-    passed, points = sum(t["status"] == "passed" for t in public), sum(t["score"] for t in public)
+    public = [t for t in direct["tests"] if t["set"] == "public"]
+    passed = sum(t["outcome"] == "passed" for t in public)
+    share = sum(t["score"] for t in public) / sum(t["max_score"] for t in public)
     row = next(line for line in summary["output"].splitlines() if line.startswith("| 1."))
-    assert row.split("|")[2].strip() == f"{passed}/{len(public)}"
-    assert float(row.split("|")[3].split("/")[0]) == pytest.approx(points, abs=0.01)
-    assert summary["score"] == summary["max_score"] == 0
-    assert points < res["score"]  # the hidden tests' points exist, in the grade only
+    assert row.split("|")[2].strip() == f"{passed}/{len(public)}" == f"{passed}/{len(visible) - 1}"
+    assert float(row.split("|")[3].split("/")[0]) == pytest.approx(15 * share, abs=0.01) and 0 < share < 1
+    assert [t["number"] for t in visible[1:]] == [f"1.{i}" for i in range(1, len(visible))]
     assert res["visibility"] == "after_published"  # with the grade that holds them
-    assert all(t["visibility"] == "after_published" for t in res["tests"] if "hidden/" in t["name"])
-    assert "Hidden tests: their results are shown when the grades are published." in summary["output"]
+    assert "their results and points are shown when the grades are published." in summary["output"]
+
+
+def _visible(res: dict) -> list:
+    """What a student sees of a results.json before publication: the visible fields."""
+    top = {k: v for k, v in res.items() if k != "tests"} if res.get("visibility") == "visible" else {}
+    return [top, [t for t in res["tests"] if t["visibility"] == "visible"]]
+
+
+def test_what_students_see_before_publication_is_the_same_for_any_hidden_set(tmp_path):
+    """One submission graded against two hidden sets (other cases, other counts, other outcomes):
+    every field a student sees before publication is the same. Points per test, numbering or the
+    summary's counts would otherwise tell how many hidden tests there are, or how they went."""
+    from instructor.gradescope.results import results_json
+
+    impl = tmp_path / "impl"
+    impl.mkdir()
+    (impl / "flash_decoding.py").write_text((ROOT / "solutions" / "flash_decoding.py").read_text().replace(
+        "def combine_partials(", "def combine_partials(*a, **k):\n    raise RuntimeError('bug')\n\n\ndef _unused(", 1))
+    graded = []
+    case = "DecodeCase((), 1, {n}, 4, {s}, seed={seed})"
+    for name, hidden in (("few", {"test_split_kv": [case.format(n=1, s=3, seed=1)]}),
+                         ("many", {"test_split_kv": [case.format(n=9, s=4, seed=2), case.format(n=5, s=1, seed=3)],
+                                   "test_combine_all_empty": ["DecodeCase((), 1, 0, 8, dtype='float64', seed=6)"]})):
+        folder = tmp_path / name
+        folder.mkdir()
+        body = ", ".join(f"{test!r}: [{', '.join(cases)}]" for test, cases in hidden.items())
+        (folder / "part6_flash_decoding.py").write_text(
+            f"from autograder.tests.cases_part6 import DecodeCase\nHIDDEN = {{{body}}}\n")
+        _, view = grade_for_student(impl, parts=[6], test_sets=("public", "hidden"), hidden_dir=folder)
+        graded.append(results_json(view, notes=["flash_decoding.py"]))
+    few, many = graded
+    hidden_of = [[t for t in r["tests"] if t["visibility"] != "visible"] for r in graded]
+    assert len(hidden_of[1]) > len(hidden_of[0]) and hidden_of[0] != hidden_of[1]
+    assert _visible(few) == _visible(many)
 
 
 def _run_autograder(gs: Path, **extra: str) -> subprocess.CompletedProcess:
