@@ -1041,3 +1041,17 @@ def test_a_git_folder_the_scan_cannot_read_is_refused(release, tmp_path):
     assert [p for p in problems if p.startswith(".git/: git cannot read it")], problems
     r = _cli("--scan", str(out))
     assert r.returncode == 1 and b".git/: git cannot read it" in r.stdout and b"Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("readme", ["README.md", "instructor/README.md"])
+def test_the_readmes_say_github_classroom_points_are_feedback_not_a_grade(readme):
+    """GitHub Classroom's autograding runs in the student's own repository: the student can change
+    the workflow, the tests and the points. A README that describes it must say so, and name the
+    channels whose hidden tests give the grade."""
+    text = (ROOT / readme).read_text(encoding="utf-8")
+    assert "GitHub Classroom" in text
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+    said = [p for p in paragraphs if "GitHub Classroom" in p and "student's own repository" in p
+            and "not a grade" in p and "hidden tests" in p and "Gradescope" in p and "nbgrader" in p
+            and ("batch" in p.lower())]
+    assert said, f"{readme}: no paragraph says GitHub Classroom's points are feedback the student can alter, not a grade"
