@@ -1029,9 +1029,13 @@ def _git_objects(gitdir: Path, where: str, problems: list[str]) -> Iterator[tupl
         return
     pos = 0
     for sha in wanted:
-        end = batch.index(b"\n", pos)
-        got, kind, size = batch[pos:end].decode().split()
-        data = batch[end + 1:end + 1 + int(size)]
+        try:
+            end = batch.index(b"\n", pos)
+            got, kind, size = batch[pos:end].decode().split()
+            data = batch[end + 1:end + 1 + int(size)]
+        except ValueError:  # "SHA missing", a short answer
+            refuse(f"git cat-file gave no readable answer for the object {sha[:10]}")
+            return
         pos = end + 1 + int(size) + 1
         if got != sha or len(data) != int(size):
             refuse("git cat-file gave a truncated answer")
