@@ -6,7 +6,9 @@
 The notebook has, per part: a markdown cell (the part's handout page), one solution cell per graded
 file holding that file verbatim (its `### BEGIN/END SOLUTION` regions are what `nbgrader
 generate_assignment` clears) behind a `%%writefile submission/<file>` line, and one locked,
-autograded test cell whose points are the rubric's. Points are NOT decided in the notebook's
+autograded test cell whose points are the rubric's. What is graded is what running the notebook
+top to bottom writes into submission/ (instructor.nbgrader_channel.extract: every `%%writefile`
+cell in order, `-a` appends included; the intro says so). Points are NOT decided in the notebook's
 kernel: `nbgrader autograde` is configured (instructor/nbgrader_course/nbgrader_config.py) to replace kernel
 execution with instructor.nbgrader_channel.EngineGrade, which grades the code of the solution
 cells with the same engine as `make grade` and writes each part's points into its test cell.
@@ -66,6 +68,12 @@ def build_notebook() -> nbformat.NotebookNode:
         f"import earlier ones (`from .flash_forward import flash_forward`) and you can try them:\n"
         f"`from {PACKAGE}.online_softmax import online_softmax`.\n\n"
         "Run the set-up cell first. Keep the first line (`%%writefile ...`) of every code cell.\n\n"
+        f"**What is graded** is what running this notebook from top to bottom writes into `{PACKAGE}/`:\n"
+        f"every code cell that starts with `%%writefile {PACKAGE}/<file>` replaces that file, and\n"
+        f"`%%writefile -a {PACKAGE}/<file>` appends to it, in cell order, whichever cell it is (a cell you\n"
+        "added too). Only `%%writefile` cells count: a file written another way (`open()`, `!cp`) is not\n"
+        f"graded. A `%%writefile` whose file cannot be told (a name built from variables) or that names a\n"
+        f"graded file by another path than `{PACKAGE}/<file>` gets that file refused, naming the cell.\n\n"
         "| part | what | file | points |\n|---|---|---|---|\n" + table + "\n\n"
         "**Grading.** Each part ends with a locked cell worth the part's points. They are set by the\n"
         "course's grading engine with public and hidden tests (the same engine as `make grade`), from\n"

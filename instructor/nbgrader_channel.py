@@ -7,8 +7,9 @@ Design (the engine, not the notebook kernel, decides the points):
   `Autograde.autograde_preprocessors` with `EngineGrade` below. So `nbgrader autograde` runs its
   usual pipeline (sanitize: clear outputs, restore locked cells from the source, check metadata;
   then grade, limit output, save grades to the gradebook, late penalties), except that nothing of
-  the student's runs in a kernel on the instructor's machine. EngineGrade takes the code of the
-  solution cells, writes the graded .py files (`extract`), grades them with
+  the student's runs in a kernel on the instructor's machine. EngineGrade writes the graded .py
+  files as running the notebook top to bottom would write them (`extract`: every `%%writefile`
+  cell in order, `-a` appends included, or a refusal naming the cell), grades them with
   autograder.engine.grade (public + hidden tests, workers in the sandbox of instructor/sandbox.py)
   and writes into each part's test cell the engine's feedback for that part plus an
   execute_result holding the points. nbgrader's SaveAutoGrades reads that number as the cell's
@@ -33,7 +34,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import posixpath
+import re
+import shlex
 import sys
+import textwrap
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -48,7 +53,7 @@ from autograder.engine import load_rubric, sanitize
 
 from . import intake
 from .grading import Options, grade_one
-from .make_notebook import file_grade_id, part_grade_id
+from .make_notebook import PACKAGE, file_grade_id, part_grade_id
 from .sandbox import detect
 
 try:  # nbgrader is only needed for the preprocessor (extract works without it)
@@ -57,34 +62,126 @@ except ImportError:  # pragma: no cover
     NbGraderPreprocessor = object  # type: ignore[assignment,misc]
 
 
-def extract(nb: nbformat.NotebookNode, dest: Path, graded: list[str] | None = None) -> dict[str, str]:
-    """Write the graded files held by the notebook's solution cells into `dest`.
+WRITEFILE = "%%writefile"
+NO_FILE = "no cell of the notebook writes"  # the start of the problem of a file no cell writes ("missing")
 
-    Returns {file: problem} for files that could not be taken (missing cell, bad content); the
-    engine then scores those parts 0 with a "missing" reason."""
+
+def _cell_name(number: int, cell: Any) -> str:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    gid = meta.get("grade_id")
+    return f"cell {number}" + (f" ({sanitize.line(gid, 60)})" if isinstance(gid, str) and gid else "")
+
+
+def _writefile(source: str) -> tuple[str, str] | None:
+    """(the magic's argument line, the cell body it writes) when the cell is a %%writefile cell, else
+    None, as IPython reads a cell (IPython.core.inputtransformer2): a trailing newline added, leading
+    blank lines dropped, the common indentation removed, then `%%NAME ARGS` on the first line. One
+    difference, kept on purpose: a BOM before the magic (pasted from a Windows editor) is ignored."""
+    source = source.removeprefix("\ufeff")
+    if not source.endswith("\n"):
+        source += "\n"
+    lines = source.splitlines(keepends=True)
+    while lines and lines[0].isspace():
+        lines.pop(0)
+    lines = textwrap.dedent("".join(lines)).splitlines(keepends=True)
+    if not lines or not lines[0].startswith("%%"):
+        return None
+    magic, _, args = lines[0][2:].rstrip().partition(" ")
+    if magic != WRITEFILE.removeprefix("%%"):
+        return None
+    return args, "".join(lines[1:])
+
+
+def _target(args: str) -> tuple[bool, str] | str:
+    """(append, filename) as IPython's %%writefile parses `args`, or why it cannot be told here."""
+    if "$" in args or "{" in args:
+        return "its file name is computed from variables ($ or {...}) when the cell runs"
+    if "\\" in args:
+        return "its line holds a backslash; write the path with / (submission/<file>)"
+    try:
+        words = shlex.split(args)
+    except ValueError as e:
+        return f"its line cannot be read ({e})"
+    append = False
+    names = []
+    for w in words:
+        if w == "-a" or (len(w) > 2 and "--append".startswith(w)):
+            append = True
+        elif w.startswith("-"):
+            return f"it has the option {w!r}, which %%writefile does not take (only -a)"
+        else:
+            names.append(w)
+    if len(names) != 1:
+        return "it must name exactly one file"
+    name = names[0]
+    if re.match(r"^('.*')|(\".*\")$", name):  # IPython strips one more pair of quotes
+        name = name[1:-1]
+    return append, name
+
+
+def extract(nb: nbformat.NotebookNode, dest: Path, graded: list[str] | None = None) -> dict[str, str]:
+    """Write the graded files into `dest` as running the notebook top to bottom (in a fresh folder)
+    writes them into the package submission/: every code cell that starts with `%%writefile
+    submission/FILE` (in any cell, the solution cell or another) replaces FILE with the cell's body,
+    and `%%writefile -a submission/FILE` appends to it, in cell order. Only %%writefile cells count:
+    code that writes files in another way (open(), shell commands) is not followed.
+
+    Returns {file: problem} for files that could not be taken; the engine then scores those parts 0.
+    The problem names the cell: a %%writefile whose target cannot be told refuses the files it may
+    write (a file name computed from variables: every graded file; options %%writefile does not take,
+    several names, a backslash: the graded files the line names), and so does one that names a graded
+    file by another path than submission/FILE; a file that no cell writes is "missing" (with the cell that should, when its
+    solution cell lost its %%writefile line)."""
     graded = graded or intake.all_graded_files()
     by_id = {file_grade_id(f): f for f in graded}
-    found: dict[str, str] = {}
+    written: dict[str, str] = {}
     problems: dict[str, str] = {}
-    for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        name = by_id.get(meta.get("grade_id", ""))
-        if cell.get("cell_type") != "code" or not meta.get("solution") or name is None:
+    solution_cells: dict[str, str] = {}
+    for number, cell in enumerate(nb.cells, 1):
+        if cell.get("cell_type") != "code":
             continue
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        own = by_id.get(meta.get("grade_id", "")) if meta.get("solution") else None
+        if own is not None:
+            solution_cells.setdefault(own, _cell_name(number, cell))
         source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
-        source = source.removeprefix("\ufeff")  # a BOM pasted in from a Windows editor would hide the magic
-        first, _, rest = source.partition("\n")
-        if first.strip().startswith("%%writefile"):  # the cell magic that writes the file
-            source = rest
-        if name in found:
-            problems[name] = "two cells hold this file"
-        found[name] = source
+        magic = _writefile(source)
+        if magic is None:
+            continue
+        args, body = magic
+        target = _target(args)
+        if isinstance(target, str):  # a computed name may be any file; a literal line, the files it names
+            computed = "$" in args or "{" in args
+            for name in [n for n in graded if computed or n in args]:
+                problems.setdefault(name, f"{_cell_name(number, cell)} starts with `%%writefile {sanitize.line(args, 80)}`"
+                                          f", whose file cannot be told: {target}; write "
+                                          f"`%%writefile submission/<file>` (or -a to append)")
+            continue
+        append, filename = target
+        norm = posixpath.normpath(filename)
+        name = norm.removeprefix(f"{PACKAGE}/")
+        if norm == f"{PACKAGE}/{name}" and name in graded:
+            written[name] = (written.get(name, "") + body) if append else body
+        elif posixpath.basename(norm) in graded and posixpath.basename(posixpath.dirname(norm)) in ("", PACKAGE):
+            name = posixpath.basename(norm)  # submission/F by another path, or F beside the package
+            problems.setdefault(name, f"{_cell_name(number, cell)} writes {sanitize.line(filename, 120)}, not "
+                                      f"{PACKAGE}/{name} (the file that is graded); write "
+                                      f"`%%writefile {PACKAGE}/{name}` on its first line")
     dest.mkdir(parents=True, exist_ok=True)
     for name in graded:
-        if name not in found:
-            problems.setdefault(name, f"the notebook has no solution cell for {name}")
+        if name in problems:
             continue
-        data = found[name].encode("utf-8")
+        if name not in written:
+            where = solution_cells.get(name)
+            problems[name] = (f"{NO_FILE} {PACKAGE}/{name}" + (
+                f": its solution cell, {where}, must start with `%%writefile {PACKAGE}/{name}`" if where else
+                f" (add a cell that starts with `%%writefile {PACKAGE}/{name}`)"))
+            continue
+        try:
+            data = written[name].encode("utf-8")
+        except UnicodeEncodeError:
+            problems[name] = "its cells hold text that cannot be saved as UTF-8 (a lone surrogate); retype it"
+            continue
         why = intake.check_source(name, data)
         if why:
             problems[name] = why
@@ -278,7 +375,7 @@ def take_notebook(nb: nbformat.NotebookNode, dest: Path) -> intake.Submission:
     sub = intake.Submission(name="notebook", source="notebook", dir=dest)
     for name in graded:
         if name in problems:
-            if "no solution cell" in problems[name]:
+            if problems[name].startswith(NO_FILE):
                 sub.missing.append(name)
             else:
                 sub.rejected.append((name, sanitize.line(problems[name], 300)))

@@ -12,12 +12,26 @@ requirements.txt + requirements.lock (the student set: requirements-student.txt/
 and the GitHub Classroom workflow (.github/workflows/classroom.yml).
 
 Rebuilding into an existing release replaces only the files this command wrote last time (listed in
-MANIFEST); anything else there, a `.git` folder included, is kept. Every path written or deleted
+MANIFEST); anything else there, a `.git` folder included, is kept.
+
+A refused release leaves nothing of itself on disk: it is written into a staging folder next to
+`--out` (same file system, so the move is a rename), scanned there together with what `--out`
+already holds and keeps (the instructor's own files, the `.git` history), and moved into place only
+when the scan is clean; a refusal (or a write that fails) deletes the staging folder and leaves
+`--out` exactly as it was. Staging rather than writing in place and cleaning up: cleaning up could
+not restore the previous release's files that the refused one had overwritten (the instructor's
+working tree would hold a half-deleted release, its deletions ready to commit), and a run killed
+between the write and the scan would leave the refused files inside the release repository, where
+`git add .` takes them; a killed run here leaves only a hidden `.NAME.release-staging-*` folder
+beside it. An earlier release in `--out` stays as it was: `--scan DIR` checks it with today's
+canaries. Every path written or deleted
 must lie inside the release folder with no symlink on the way, and the source tree may hold no
 symlink (both refused with one line, before anything is touched: `_dest`, `shipped_files`).
 
 Every release is scanned before this command succeeds (`scan`): no canary string (listed in
-instructor/canaries.txt, plus any `CANARY-...` token found in solutions/ or the hidden tests), no
+instructor/canaries.txt, which must exist and be readable, else the scan is refused: a scan
+without the list would pass what the list protects; plus any `CANARY-...` token found in
+solutions/ or the hidden tests), no
 hidden-test file, no solution marker, no run of 4 consecutive code lines of a solution region or
 of a hidden test (runs that the course package or the shipped tests contain are public anyway), and
 no Python file that imports an instructor-only package (`instructor_imports`). The scan reads every
@@ -26,6 +40,15 @@ bzip2, xz; nested, within ARCHIVE_DEPTH / ARCHIVE_BYTES / ARCHIVE_MEMBERS), and 
 a file it cannot read (a symlink, a device, an archive it cannot open or that is past a bound, a
 format it does not know such as 7z) is a problem, which refuses the release like a leak. `--scan`
 takes a folder, an archive or one file; a path it cannot scan is refused with one line.
+
+A `.git` folder is not scanned as files (its objects are compressed), but as the repository it is:
+an existing release repository's history is the instructor's, and a push publishes every commit
+it holds, so a solution committed there once leaks with the next push. The scan reads, with
+`git rev-list --objects --all --reflog --indexed-objects` and `git cat-file --batch` (local
+commands, no network, no hooks), every blob, commit and tag reachable from a ref, a reflog or the
+index, and checks each like a file (named `.git::PATH (blob SHA)`). It fails closed: git missing,
+a `.git` git cannot read, or a history past GIT_BYTES is a problem. The one-line result says how
+many objects of `.git` history were scanned.
 """
 from __future__ import annotations
 
@@ -41,8 +64,10 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 import tarfile
+import tempfile
 import tomllib
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -433,6 +458,7 @@ def build(out: Path) -> dict:
     Every path written or deleted goes through `_dest` first (inside `out`, no symlink on the way),
     and all of them are checked before the first is touched: a refused path leaves `out` as it was."""
     out = _out_folder(out)
+    canaries()  # a missing or unreadable canary list: refused before anything is written
     previous = _previous_manifest(out) if out.is_dir() else None
     if out.is_dir() and previous is None and any(p.name != ".git" for p in out.iterdir()):
         raise SystemExit(f"error: {out} is not empty (and not a previous release); remove it or choose another --out")
@@ -441,26 +467,69 @@ def build(out: Path) -> dict:
     for rel in files:  # all checked before anything is written or deleted
         _dest(out, rel)
     sources = {rel: _read_source(rel) for rel in copied}
+    made: list[Path] = []
+    staging: Path | None = None
+    placed = False
     try:
-        _write_release(out, previous, files, sources, generated)
-    except OSError as e:
-        where = f" ({e.filename})" if e.filename else ""
-        raise SystemExit(f"error: cannot write the release to {out}: {e.strerror or e}{where}; choose an --out in "
-                         "a folder you can write to, with free space, then run again (any files written so far "
-                         "stay there)") from None
-    problems = scan(out)
-    if problems:
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise SystemExit(f"error: refusing the release in {out}: its scan found {len(problems)} problem(s) (leaks "
-                         "of instructor material, or files it cannot look into); fix each in the source, then "
-                         "rebuild:\n  " + "\n  ".join(problems[:20]) + more)
+        try:
+            _make_parents(out, made)
+            staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.release-staging-", dir=out.parent))
+            _write_release(staging, files, sources, generated)
+        except OSError as e:
+            where = f" ({e.filename})" if e.filename else ""
+            raise SystemExit(f"error: cannot write the release to {out}: {e.strerror or e}{where}; choose an --out in "
+                             "a folder you can write to, with free space, then run again (nothing in --out was "
+                             "changed)") from None
+        problems, counts = scan_report(staging, kept=out, replaced=set(previous or []) | set(files))
+        if problems:
+            more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+            raise SystemExit(f"error: refusing the release in {out}: its scan found {len(problems)} problem(s) (leaks "
+                             "of instructor material, or files it cannot look into); nothing in it was written or "
+                             "changed (an earlier release there is as it was: check it with --scan before you push "
+                             "it); fix each in the source, then rebuild" + _history_hint(problems) + ":\n  "
+                             + "\n  ".join(problems[:20]) + more)
+        try:
+            _move_into_place(staging, out, previous, files)
+        except OSError as e:
+            where = f" ({e.filename})" if e.filename else ""
+            raise SystemExit(f"error: cannot write the release to {out}: {e.strerror or e}{where}; choose an --out in "
+                             "a folder you can write to, with free space, then run again (any files moved there so "
+                             "far stay there)") from None
+        placed = True
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if not placed:
+            for level in reversed(made):
+                try:
+                    level.rmdir()
+                except OSError:
+                    break
     programs = sorted(p for p in copied if re.fullmatch(r"code/lecture05/0\d_\w+\.py", p))
-    return {"out": str(out), "files": files, "programs": [Path(p).name for p in programs]}
+    return {"out": str(out), "files": files, "programs": [Path(p).name for p in programs],
+            "git_objects": counts["git objects"]}
 
 
-def _write_release(out: Path, previous: list[str] | None, files: list[str], sources: dict[str, tuple[bytes, int]],
-                   generated: dict[str, str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+def _history_hint(problems: list[str]) -> str:
+    if not any(".git::" in p or ".git/:" in p for p in problems):
+        return ""
+    return (" (a problem named .git::... is in the history of the release repository, which a push publishes: "
+            "remove it from that history, or release into a fresh repository)")
+
+
+def _make_parents(out: Path, made: list[Path]) -> None:
+    """Create the missing folders above `out` (the staging folder goes beside it), appending each to
+    `made` (top first), so that a refused release removes them again."""
+    for level in [p for p in out.parents if not p.exists()][::-1]:
+        level.mkdir()
+        made.append(level)
+
+
+def _move_into_place(staging: Path, out: Path, previous: list[str] | None, files: list[str]) -> None:
+    """Move the scanned release from `staging` into `out`: the previous release's files that this one no
+    longer has are deleted, every file is renamed over its old version (the manifest last), each path
+    through `_dest`. A rename that crosses file systems (`out` a mount point) is a copy."""
+    out.mkdir(exist_ok=True)
     for rel in previous or []:  # files of the previous release that this one no longer has
         stale = _dest(out, rel)
         if rel not in files and stale.is_file():
@@ -469,6 +538,20 @@ def _write_release(out: Path, previous: list[str] | None, files: list[str], sour
                 if parent == out or any(parent.iterdir()):
                     break
                 parent.rmdir()
+    for rel in sorted(files, key=lambda r: r == MANIFEST):
+        _makedirs(out, rel)
+        src = staging / rel
+        try:
+            os.replace(src, _dest(out, rel))
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            _write(out, rel, src.read_bytes(), src.stat().st_mode & 0o777)
+
+
+def _write_release(out: Path, files: list[str], sources: dict[str, tuple[bytes, int]],
+                   generated: dict[str, str]) -> None:
+    """Write the release's files into the (empty, staging) folder `out`."""
     for rel, (data, mode) in sources.items():
         _write(out, rel, data, mode)
     for rel, text in generated.items():
@@ -543,15 +626,25 @@ def canaries() -> list[str]:
     """Canary strings: instructor/canaries.txt (one per line, # comments) plus CANARY-... tokens
     planted in solutions/ and the hidden tests."""
     found: set[str] = set()
-    if CANARIES.is_file():
-        for line in CANARIES.read_text(encoding="utf-8").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                found.add(line)
+    try:
+        listed = _read_regular(CANARIES).decode("utf-8")
+    except (OSError, _Unscannable, UnicodeDecodeError) as e:
+        why = "is missing" if isinstance(e, FileNotFoundError) else f"cannot be read ({_why(e)})"
+        raise SystemExit(f"error: the canary list {CANARIES} {why}: nothing was scanned (a scan without it would "
+                         "pass the canaries it lists); restore it (git checkout instructor/canaries.txt) or make "
+                         "it a readable UTF-8 file, then run again") from None
+    for line in listed.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            found.add(line)
     for folder in (ROOT / "solutions", HIDDEN_DIR):
         for f in folder.rglob("*.py") if folder.is_dir() else []:
             found.update(CANARY_TOKEN.findall(f.read_text(encoding="utf-8", errors="replace")))
     return sorted(found)
+
+
+def _why(e: BaseException) -> str:
+    return (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
 
 
 def _norm_lines(text: str) -> list[str]:
@@ -825,9 +918,11 @@ def _read_regular(path: Path) -> bytes:
         return f.read()
 
 
-def _folder_files(folder: Path, problems: list[str]) -> Iterator[tuple[str, bytes]]:
-    """(path relative to `folder`, bytes) of every file under `folder` but inside `.git` folders;
-    what cannot be listed or read is added to `problems`."""
+def _folder_files(folder: Path, problems: list[str], skip: frozenset[str] | set[str] = frozenset(),
+                  gits: list[str] | None = None) -> Iterator[tuple[str, bytes]]:
+    """(path relative to `folder`, bytes) of every file under `folder` but inside `.git` folders
+    (their paths relative to `folder` are appended to `gits`) and those in `skip`; what cannot be
+    listed or read is added to `problems`."""
     def unlisted(e: OSError) -> None:
         where = Path(e.filename).relative_to(folder).as_posix() if e.filename else str(folder)
         problems.append(f"{where}/: cannot be listed ({e.strerror}): not scanned; make it readable, then scan again")
@@ -842,9 +937,13 @@ def _folder_files(folder: Path, problems: list[str]) -> Iterator[tuple[str, byte
                                 "files only); replace it with the folder, or remove it")
             elif d == ".git":
                 dirnames.remove(d)
+                if gits is not None:
+                    gits.append(rel)
         dirnames.sort()
         for name in sorted(filenames):
             rel = (here / name).relative_to(folder).as_posix()
+            if rel in skip:
+                continue
             try:
                 yield rel, _read_regular(here / name)
             except _Unscannable as e:
@@ -868,24 +967,118 @@ def scan_refusal(target: Path) -> str | None:
     return None
 
 
-def _scanned_files(target: Path, problems: list[str]) -> Iterator[tuple[str, str, bytes]]:
+GIT_BYTES = 512 << 20  # bytes of .git objects read in one scan (blobs, commits, tags)
+GIT_TIMEOUT_S = 300
+
+
+def _git_objects(gitdir: Path, where: str, problems: list[str]) -> Iterator[tuple[str, str, bytes]]:
+    """(where, inner, bytes) of every blob, commit and tag reachable in the repository `gitdir` from
+    its refs, reflogs and index: what a push of it could publish. What git cannot give is a problem."""
+    def refuse(why: str) -> None:
+        problems.append(f"{where}/: {why}: the history of this git repository is not scanned; "
+                        f"fix that, or move {where} out of the release folder, then run again")
+
+    git = shutil.which("git")
+    if git is None:
+        refuse("git is not installed")
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_NO_REPLACE_OBJECTS="1", GIT_CONFIG_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    base = [git, "-c", "core.fsmonitor=false", "-c", f"safe.directory={gitdir.parent}", f"--git-dir={gitdir}"]
+
+    def git_run(args: list[str], data: bytes = b"") -> bytes | None:
+        try:
+            r = subprocess.run(base + args, input=data, capture_output=True, env=env, timeout=GIT_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as e:
+            refuse(f"git {args[0]} failed ({_why(e)})")
+            return None
+        if r.returncode != 0:
+            first = (r.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit status {r.returncode}"])[0]
+            refuse(f"git cannot read it ({first[:200]})")
+            return None
+        return r.stdout
+
+    listed = git_run(["rev-list", "--objects", "--all", "--reflog", "--indexed-objects"])
+    if listed is None:
+        return
+    paths: dict[str, str] = {}
+    for line in listed.decode("utf-8", "surrogateescape").splitlines():
+        sha, _, path = line.partition(" ")
+        if sha:
+            paths.setdefault(sha, path)
+    if not paths:
+        return
+    checked = git_run(["cat-file", "--batch-check=%(objectname) %(objecttype) %(objectsize)"],
+                      "".join(f"{sha}\n" for sha in paths).encode())
+    if checked is None:
+        return
+    wanted, total = [], 0
+    for line in checked.decode().splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[1] in ("blob", "commit", "tag"):
+            wanted.append(fields[0])
+            total += int(fields[2])
+        elif len(fields) != 3:
+            refuse(f"git cat-file answered {line[:100]!r}")
+            return
+    if total > GIT_BYTES:
+        refuse(f"its reachable objects hold {total >> 20} MiB, more than the scan's bound of {GIT_BYTES >> 20} MiB")
+        return
+    batch = git_run(["cat-file", "--batch"], "".join(f"{sha}\n" for sha in wanted).encode())
+    if batch is None:
+        return
+    pos = 0
+    for sha in wanted:
+        try:
+            end = batch.index(b"\n", pos)
+            got, kind, size = batch[pos:end].decode().split()
+            data = batch[end + 1:end + 1 + int(size)]
+        except ValueError:  # "SHA missing", a short answer
+            refuse(f"git cat-file gave no readable answer for the object {sha[:10]}")
+            return
+        pos = end + 1 + int(size) + 1
+        if got != sha or len(data) != int(size):
+            refuse("git cat-file gave a truncated answer")
+            return
+        path = paths[sha]
+        if kind == "blob" and path:
+            yield f"{where}::{path} (blob {sha[:10]})", path, data
+        else:
+            yield f"{where}::{kind} {sha[:10]}", f"{kind}-{sha[:10]}", data
+
+
+def _scanned_files(target: Path, problems: list[str], kept: Path | None = None, replaced: Iterable[str] = (),
+                   counts: dict[str, int] | None = None) -> Iterator[tuple[str, str, bytes]]:
     """(where, inner, bytes) of every file of `target` (a folder, or one file) and of every member of
-    the archives among them; whatever cannot be read is added to `problems`."""
+    the archives among them, then of the files of `kept` (a folder whose files but `replaced` stay
+    beside the target's, named relative to it), then of every object of the `.git` histories found
+    in both; whatever cannot be read is added to `problems`."""
     budget = _Budget()
     refusal = scan_refusal(target)
     if refusal:
         problems.append(refusal.removeprefix("error: "))
         return
-    if target.is_dir():
-        for rel, data in _folder_files(target, problems):
+    if not target.is_dir():
+        try:
+            data = _read_regular(target.resolve())
+        except (_Unscannable, OSError) as e:
+            problems.append(f"{target}: {e.strerror if isinstance(e, OSError) else e}: not scanned")
+            return
+        yield from _expand(str(target), target.name, data, 0, budget, problems)
+        return
+    gits: list[tuple[Path, str]] = []
+    for folder, skip in ((target, frozenset()), (kept, frozenset(replaced))):
+        if folder is None or not folder.is_dir():
+            continue
+        found: list[str] = []
+        for rel, data in _folder_files(folder, problems, skip, found):
             yield from _expand(rel, rel, data, 0, budget, problems)
-        return
-    try:
-        data = _read_regular(target.resolve())
-    except (_Unscannable, OSError) as e:
-        problems.append(f"{target}: {e.strerror if isinstance(e, OSError) else e}: not scanned")
-        return
-    yield from _expand(str(target), target.name, data, 0, budget, problems)
+        gits += [(folder / rel, rel) for rel in found]
+    for gitdir, where in gits:
+        for obj in _git_objects(gitdir, where, problems):
+            if counts is not None:
+                counts["git objects"] = counts.get("git objects", 0) + 1
+            yield from _expand(*obj, 0, budget, problems)
 
 
 def _json_strings(doc: object) -> Iterator[str]:
@@ -931,9 +1124,12 @@ def _contains(data: bytes, texts: list[str], s: str) -> bool:
     return any(s in t for t in texts) or s.encode("utf-16-le") in data or s.encode("utf-16-be") in data
 
 
-def scan_report(target: Path, extra_canaries: Iterable[str] = ()) -> tuple[list[str], dict[str, int]]:
+def scan_report(target: Path, extra_canaries: Iterable[str] = (), kept: Path | None = None,
+                replaced: Iterable[str] = ()) -> tuple[list[str], dict[str, int]]:
     """(problems, counts) of a scan of `target`: a release folder, an archive, or one file (problems
-    empty = clean; counts: 'files' read from the folder or the file given, 'members' of archives)."""
+    empty = clean; counts: 'files' read from the folder or the file given, 'members' of archives and
+    of `.git` histories, 'git objects'). `kept`: a folder whose files (but those in `replaced`)
+    will sit beside the target's, scanned as part of it (build: the --out a staged release moves into)."""
     target = Path(target)
     problems: list[str] = []
     tokens = sorted(set(canaries()) | set(extra_canaries))
@@ -941,9 +1137,9 @@ def scan_report(target: Path, extra_canaries: Iterable[str] = ()) -> tuple[list[
     hidden_names = ({f.name for f in HIDDEN_DIR.rglob("*.py") if f.name != "__init__.py"}
                     if HIDDEN_DIR.is_dir() else set())
     prints = solution_fingerprints()
-    counts = {"files": 0, "members": 0}
+    counts = {"files": 0, "members": 0, "git objects": 0}
     flagged_folders: set[str] = set()
-    for where, inner, data in _scanned_files(target, problems):
+    for where, inner, data in _scanned_files(target, problems, kept, replaced, counts):
         counts["members" if "::" in where else "files"] += 1
         parts = PurePosixPath(inner).parts
         if "hidden_tests" in parts[:-1] or (parts and parts[-1] in hidden_names):
@@ -968,19 +1164,20 @@ def scan_report(target: Path, extra_canaries: Iterable[str] = ()) -> tuple[list[
             problems.append(f"{where}: contains code copied from the hidden test {where_from}")
         if inner.endswith(".py"):
             problems += _imports_in(where, data)
-    if target.is_dir():
-        for folder in INSTRUCTOR:
-            if (target / folder).exists() or (target / folder).is_symlink():
+    for top in (target, kept) if target.is_dir() else ():
+        for folder in INSTRUCTOR if top is not None else ():
+            if (top / folder).exists() or (top / folder).is_symlink():
                 problems.append(f"{folder}/: an instructor-only folder is present")
     if not problems and not counts["files"]:
         problems.append(f"{target}: holds no file to scan: give the release folder, an archive of it or one file")
     return list(dict.fromkeys(problems)), counts
 
 
-def scan(release: Path, extra_canaries: Iterable[str] = ()) -> list[str]:
+def scan(release: Path, extra_canaries: Iterable[str] = (), kept: Path | None = None,
+         replaced: Iterable[str] = ()) -> list[str]:
     """Problems found in a release (a folder, an archive or one file; empty list = clean). Fails
     closed: what cannot be read or opened is a problem too."""
-    return scan_report(release, extra_canaries)[0]
+    return scan_report(release, extra_canaries, kept, replaced)[0]
 
 
 SIZE_GROUPS = (("student code", ("starter",)), ("engine", ("autograder/engine",)),
@@ -1015,6 +1212,11 @@ def _say(text: str, stream=None) -> None:
     print(text.encode(enc, "backslashreplace").decode(enc, "replace"), file=stream)
 
 
+def _git_said(objects: int) -> str:
+    return (f".git history: {objects} objects scanned" if objects else
+            "no .git history to scan")
+
+
 def main(argv: list[str] | None = None) -> int:
     from autograder.grade import Parser  # the kit's one-line argparse errors
 
@@ -1037,7 +1239,8 @@ def main(argv: list[str] | None = None) -> int:
                      "fix each, then scan again", sys.stderr)
                 return 1
             _say(f"{a.scan}: clean ({counts['files']} files and {counts['members']} archive members scanned; "
-                 f"{len(canaries())} canaries, {len(solution_regions())} solution regions checked)")
+                 f"{len(canaries())} canaries, {len(solution_regions())} solution regions checked); "
+                 f"{_git_said(counts['git objects'])}")
             return 0
         info = build(a.out)
         table = sizes(Path(info["out"]))
@@ -1051,7 +1254,7 @@ def main(argv: list[str] | None = None) -> int:
              "(if it persists, it is a bug of instructor/release.py)", sys.stderr)
         return 1
     _say(f"release written to {info['out']}: {len(info['files'])} files, programs {', '.join(info['programs'])} "
-         f"(scanned: clean)")
+         f"(scanned: clean); {_git_said(info['git_objects'])}")
     for name, n, lines, size in table:
         _say(f"  {name:38s} {n:4d} files {lines:7,d} lines {size:11,d} bytes")
     return 0

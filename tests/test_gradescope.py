@@ -267,3 +267,81 @@ def test_the_grade_budget_stays_inside_gradescopes_timeout(monkeypatch, capsys, 
     monkeypatch.setenv("AUTOGRADER_TIME_BUDGET_S", raw)
     assert time_budget_s() == want
     assert ("not a positive number" in capsys.readouterr().out) == (raw not in ("", "900"))
+
+
+# --- bad command lines: one line on stderr ("error: ..."), a non-zero exit, never a traceback; `run`
+# still writes a failing results.json wherever it can write one
+
+
+def _one_line(r: subprocess.CompletedProcess, *want: str) -> str:
+    assert r.returncode not in (0, None), (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    err = r.stderr
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    for w in want:
+        assert w in err, err
+    return err
+
+
+def _failing(path: Path) -> None:
+    res = json.loads(path.read_text())
+    assert res["score"] == 0 and res["tests"] == [] and "autograder itself failed" in res["output"], res
+
+
+def test_bad_arguments_to_build_are_one_line_and_write_nothing(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "ro").mkdir()
+    cases = {str(tmp_path): "is not a file name", str(tmp_path / "afile" / "a.zip"): "is a file, not a folder",
+             "/proc/no-such-dir/a.zip": "cannot be created", "": "is not a file name"}
+    for out, want in cases.items():
+        r = subprocess.run([sys.executable, "-m", "instructor.gradescope", "build", "--out", out], cwd=ROOT,
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        _one_line(r, want, "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "ro"]
+
+
+def test_bad_arguments_to_the_zips_entry_point_are_one_line_and_a_failing_results_json(built, tmp_path):
+    """From an unpacked copy of the built zip (no repository around it): `run` and `build` refuse
+    bad input in one line; `run` writes a failing results.json where it can write one."""
+    gs = tmp_path / "autograder"
+    with zipfile.ZipFile(built) as z:
+        z.extractall(gs / "source")
+    (gs / "submission").mkdir()
+    (gs / "submission" / "online_softmax.py").write_text((ROOT / "starter" / "online_softmax.py").read_text())
+    (tmp_path / "afile").write_text("x")
+    env = {k: v for k, v in os.environ.items() if k not in ("AUTOGRADER_PARTS", "GRADESCOPE_ROOT")}
+    env.update(PYTHONPATH=str(gs / "source"), AUTOGRADER_ALLOW_WEAK_SANDBOX="1")
+
+    def zip_cli(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "instructor.gradescope", *args], cwd=gs / "source",
+                              capture_output=True, text=True, env={**env, **extra}, timeout=300)
+
+    results = gs / "results" / "results.json"
+    for parts, want in [("x", "'x' is not a part"), ("9", "'9' is not a part"), ("1,,2", "'' is not a part"),
+                        ("-1", "is not a part")]:
+        results.unlink(missing_ok=True)
+        _one_line(zip_cli("run", "--root", str(gs), f"--parts={parts}"), want, "--parts")
+        _failing(results)
+    _one_line(zip_cli("run", "--root", str(gs), "--parts", "x", "--out", str(tmp_path / "r.json")), "--parts")
+    _failing(tmp_path / "r.json")
+    results.unlink()
+    _one_line(zip_cli("run", "--root", str(gs), AUTOGRADER_PARTS="0"), "--parts")  # the environment's value
+    _failing(results)
+    _one_line(zip_cli("run", "--root", str(tmp_path / "nope")), "--root", "is not a folder")
+    assert not (tmp_path / "nope").exists()  # no /autograder made up
+    _one_line(zip_cli("run", "--root", str(tmp_path / "nope"), "--out", str(tmp_path / "r2.json")), "--root")
+    _failing(tmp_path / "r2.json")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_line(zip_cli("run", "--root", str(empty)), "submission/")
+    _failing(empty / "results" / "results.json")
+    _one_line(zip_cli("run", "--root", str(gs), "--out", str(tmp_path)), "--out", "is a folder")
+    _one_line(zip_cli("run", "--root", str(gs), "--out", str(tmp_path / "afile" / "r.json")), "--out")
+    _one_line(zip_cli("run", "--bogus"), "--help")
+    _one_line(zip_cli("bogus"), "invalid choice")
+    _one_line(zip_cli("build", "--out", str(tmp_path / "z.zip")), "course repository")
+    assert not (tmp_path / "z.zip").exists()
+
+    # through run_autograder: the judge refuses, the published results.json fails closed
+    r = _run_autograder(gs, AUTOGRADER_PARTS="seven")
+    assert r.returncode == 0 and "judge exit status: 2" in r.stdout and "Traceback" not in r.stdout + r.stderr, r
+    _failing(results)

@@ -356,7 +356,92 @@ def test_a_bom_before_the_writefile_magic_is_ignored(tmp_path):
 
     name = "online_softmax.py"
     code = (ROOT / "solutions" / name).read_text()
-    cell = new_code_cell("\ufeff%%writefile " + name + "\n" + code,
+    cell = new_code_cell("\ufeff%%writefile submission/" + name + "\n" + code,
                          metadata={"nbgrader": {"grade_id": file_grade_id(name), "solution": True, "grade": False}})
     problems = extract(new_notebook(cells=[cell]), tmp_path / "out", [name])
     assert problems == {} and (tmp_path / "out" / name).read_text() == code
+
+
+def _solution_cell(name: str, source: str):
+    from nbformat.v4 import new_code_cell
+
+    return new_code_cell(source, metadata={"nbgrader": {"grade_id": file_grade_id(name), "solution": True,
+                                                        "grade": False}})
+
+
+def test_extraction_writes_what_running_the_notebook_top_to_bottom_writes(tmp_path):
+    """Appends (-a, --append), a second %%writefile of a file in a later cell (not its solution cell),
+    indented cells, quoted names, a cell without a final newline: the graded files are the files that
+    IPython itself writes when it runs the cells in order (checked by running them in IPython)."""
+    import json
+    import subprocess
+    import sys
+
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    a, b = "online_softmax.py", "flash_forward.py"
+    cells = [
+        new_code_cell("import os\nos.makedirs('submission', exist_ok=True)\n"),
+        _solution_cell(a, f"%%writefile submission/{a}\ndef first():\n    return 1"),  # no final newline
+        new_markdown_cell("%%writefile submission/" + a + "\nnot code"),  # markdown: writes nothing
+        new_code_cell(f"%%writefile -a submission/{a}\n\ndef second():\n    return 2\n"),
+        _solution_cell(b, f"%%writefile submission/{b}\ndef draft():\n    raise NotImplementedError\n"),
+        new_code_cell(f"\n\n  %%writefile './submission/{b}'\n  def final():\n      return 3\n"),  # replaces it
+        new_code_cell(f'%%writefile --append "submission/{b}"\nFINAL = final()\n'),
+        new_code_cell("print('a cell that writes nothing')\n"),
+        new_code_cell(f"%%writefile -a submission/{a}\ndef third():\n    return first() + second()\n"),
+    ]
+    problems = extract(new_notebook(cells=cells), tmp_path / "graded", [a, b])
+    assert problems == {}
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "cells.json").write_text(json.dumps([c.source for c in cells if c.cell_type == "code"]))
+    script = ("import json, sys\nfrom IPython.core.interactiveshell import InteractiveShell\n"
+              "shell = InteractiveShell.instance()\n"
+              "for src in json.load(open(sys.argv[1])):\n"
+              "    assert shell.run_cell(src).success, src\n")
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cells.json")], cwd=run, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in (a, b):
+        assert (tmp_path / "graded" / name).read_bytes() == (run / "submission" / name).read_bytes(), name
+    assert "def draft" not in (tmp_path / "graded" / b).read_text()  # the later cell's file, not the solution cell's
+
+
+@pytest.mark.parametrize("line, want", [
+    ("%%writefile submission/{name{", "cannot be told"), ("%%writefile $target", "cannot be told"),
+    ("%%writefile -x submission/online_softmax.py", "does not take"),
+    ("%%writefile submission/online_softmax.py extra.py", "exactly one file"),
+    ("%%writefile submission\\online_softmax.py", "backslash"),
+    ("%%writefile online_softmax.py", "not submission/online_softmax.py"),
+    ("%%writefile /tmp/submission/online_softmax.py", "not submission/online_softmax.py"),
+])
+def test_a_writefile_the_extraction_cannot_follow_is_refused_naming_the_cell(tmp_path, line, want):
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    from instructor.nbgrader_channel import take_notebook
+
+    name = "online_softmax.py"
+    code = (ROOT / "solutions" / name).read_text()
+    nb = new_notebook(cells=[new_markdown_cell("intro"), _solution_cell(name, f"%%writefile submission/{name}\n{code}"),
+                             new_code_cell(f"{line}\nx = 1\n")])
+    problems = extract(nb, tmp_path / "out", [name])
+    assert want in problems.get(name, "") and "cell 3" in problems[name], problems
+    assert not (tmp_path / "out" / name).exists()
+    sub = take_notebook(nb, tmp_path / "out2")
+    computed = "$" in line or "{" in line  # the cell may write any file: every graded file is refused
+    want_rejected = sorted(load_rubric().all_files()) if computed else [name]
+    assert sorted(n for n, _ in sub.rejected) == want_rejected and name not in sub.files
+
+
+def test_a_solution_cell_that_lost_its_writefile_line_is_named(tmp_path):
+    from nbformat.v4 import new_notebook
+
+    from instructor.nbgrader_channel import take_notebook
+
+    name = "online_softmax.py"
+    nb = new_notebook(cells=[_solution_cell(name, (ROOT / "solutions" / name).read_text())])
+    problems = extract(nb, tmp_path / "out", [name])
+    assert ("its solution cell, cell 1 (file_online_softmax), must start with `%%writefile submission/online_softmax.py`"
+            in problems[name]), problems
+    assert name in take_notebook(nb, tmp_path / "out2").missing

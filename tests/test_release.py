@@ -139,15 +139,15 @@ def test_no_run_of_solution_lines_is_counted_when_it_is_public_course_code():
 
 def test_rebuilding_keeps_git_and_writes_only_its_own_files(tmp_path):
     out = tmp_path / "repo"
-    (out / ".git").mkdir(parents=True)
-    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    _git(out, "init", "-q")  # a real repository: the scan reads its history (an unreadable .git is refused)
+    head = (out / ".git" / "HEAD").read_text()
     build(out)  # a folder holding only .git: allowed (a fresh clone of the student repository)
     (out / "my-notes.txt").write_text("mine\n")
     (out / "docs" / "stale.md").write_text("from an older release\n")
     manifest = (out / rel.MANIFEST).read_text()
     (out / rel.MANIFEST).write_text(manifest.replace('"files": [', '"files": [\n  "docs/stale.md",'))
     info = build(out)
-    assert (out / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n", ".git is kept"
+    assert (out / ".git" / "HEAD").read_text() == head, ".git is kept"
     assert (out / "my-notes.txt").read_text() == "mine\n", "a file the release did not write is kept"
     assert not (out / "docs" / "stale.md").exists(), "a file of the previous release that is gone is removed"
     assert "Makefile" in info["files"] and (out / "Makefile").is_file()
@@ -936,3 +936,122 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
     finally:
         os.close(write)
     assert r.returncode != 0 and b"Traceback" not in r.stderr and b"BrokenPipe" not in r.stderr, r.stderr
+
+
+# --- a refused release leaves nothing shippable; the canary list is required; .git history is scanned
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    repo.mkdir(parents=True, exist_ok=True)
+    env = {**_env(), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env, timeout=120)
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every entry under `folder` (a folder as None), .git included."""
+    return {p.relative_to(folder).as_posix(): (None if p.is_dir() else p.read_bytes())
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_a_refused_release_leaves_out_as_it_was(source, tmp_path):
+    out = tmp_path / "student"
+    _git(out, "init", "-q")
+    assert rel.main(["--out", str(out)]) == 0
+    (out / "my-notes.txt").write_text("mine\n")
+    before = _tree(out)
+    token = canaries()[0]
+    (source / "docs" / "handout" / "leak.md").write_text(f"<!-- {token} -->\n")  # a new file with a canary
+    (source / "starter" / "online_softmax.py").write_text("# changed, and would overwrite the old release\n")
+    with pytest.raises(SystemExit) as e:
+        rel.main(["--out", str(out)])
+    msg = str(e.value.code)
+    assert f"docs/handout/leak.md: contains the canary {token}" in msg and "nothing in it was written" in msg, msg
+    assert _tree(out) == before, "a refused release changes nothing in --out"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo", "student"], "no staging folder is left beside --out"
+    fresh = tmp_path / "a" / "b" / "release"  # and into a folder that did not exist: nothing is left at all
+    with pytest.raises(SystemExit, match="refusing the release"):
+        rel.main(["--out", str(fresh)])
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_file_the_instructor_keeps_in_out_is_scanned_with_the_release(release, tmp_path):
+    out = tmp_path / "repo"
+    build(out)
+    (out / "course" / "notes.md").write_text("### BEGIN SOLUTION\n")  # not written by the tool, but it ships
+    _one_line_free = _tree(out)
+    with pytest.raises(SystemExit) as e:
+        build(out)
+    assert "course/notes.md: contains a solution marker" in str(e.value.code)
+    assert _tree(out) == _one_line_free
+
+
+@pytest.mark.parametrize("kind", ["missing", "a folder", "not UTF-8"])
+def test_a_missing_or_unreadable_canary_list_is_refused_in_one_line(tmp_path, monkeypatch, kind):
+    listed = tmp_path / "canaries.txt"
+    if kind == "a folder":
+        listed.mkdir()
+    elif kind == "not UTF-8":
+        listed.write_bytes(b"CANARY-X-\xff\xfe\n")
+    monkeypatch.setattr(rel, "CANARIES", listed)
+    (tmp_path / "ok.txt").write_text("nothing secret\n")
+    for argv in (["--out", str(tmp_path / "out")], ["--scan", str(tmp_path / "ok.txt")]):
+        with pytest.raises(SystemExit) as e:
+            rel.main(argv)
+        msg = str(e.value.code)
+        assert msg.startswith("error: the canary list") and "\n" not in msg and "restore it" in msg, msg
+        assert ("is missing" if kind == "missing" else "cannot be read") in msg, msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_history_of_a_release_repository_is_scanned(release, tmp_path, capsys):
+    out = tmp_path / "repo"
+    _git(out, "init", "-q")
+    build(out)
+    _git(out, "add", "-A")
+    _git(out, "commit", "-qm", "release")
+    assert rel.main(["--scan", str(out)]) == 0
+    objects = int(re.search(r"\.git history: (\d+) objects scanned", capsys.readouterr().out).group(1))
+    assert objects > len(rel.shipped_files())  # the blobs, trees are not counted, plus the commit
+    shutil.copy(ROOT / "solutions" / "online_softmax.py", out / "docs" / "leak.py")
+    _git(out, "add", "docs/leak.py")
+    _git(out, "commit", "-qm", "oops")
+    _git(out, "rm", "-q", "docs/leak.py")
+    _git(out, "commit", "-qm", "removed again: but still in the history a push publishes")
+    assert not (out / "docs" / "leak.py").exists()
+    with pytest.raises(SystemExit) as e:
+        build(out)
+    msg = str(e.value.code)
+    assert ".git::docs/leak.py (blob " in msg and "contains a solution marker" in msg and "history" in msg, msg
+    assert rel.main(["--scan", str(out)]) == 1 and ".git::docs/leak.py" in capsys.readouterr().out
+    (out / "docs" / "leak.py").write_text("staged, never committed: BEGIN SOLUTION\n")
+    _git(out, "add", "docs/leak.py")
+    (out / "docs" / "leak.py").unlink()
+    problems = scan(out)
+    assert any(p.startswith(".git::docs/leak.py") and "marker" in p for p in problems)  # the index too
+
+
+def test_a_git_folder_the_scan_cannot_read_is_refused(release, tmp_path):
+    src, _ = release
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")  # not a repository git can read
+    problems = scan(out)
+    assert [p for p in problems if p.startswith(".git/: git cannot read it")], problems
+    r = _cli("--scan", str(out))
+    assert r.returncode == 1 and b".git/: git cannot read it" in r.stdout and b"Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("readme", ["README.md", "instructor/README.md"])
+def test_the_readmes_say_github_classroom_points_are_feedback_not_a_grade(readme):
+    """GitHub Classroom's autograding runs in the student's own repository: the student can change
+    the workflow, the tests and the points. A README that describes it must say so, and name the
+    channels whose hidden tests give the grade."""
+    text = (ROOT / readme).read_text(encoding="utf-8")
+    assert "GitHub Classroom" in text
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+    said = [p for p in paragraphs if "GitHub Classroom" in p and "student's own repository" in p
+            and "not a grade" in p and "hidden tests" in p and "Gradescope" in p and "nbgrader" in p
+            and ("batch" in p.lower())]
+    assert said, f"{readme}: no paragraph says GitHub Classroom's points are feedback the student can alter, not a grade"

@@ -1,7 +1,15 @@
-"""python -m instructor.gradescope build --out ZIP | run [--root /autograder]"""
+"""python -m instructor.gradescope build --out ZIP | run [--root /autograder] [--parts 1,2] [--out JSON] | check
+
+Bad input (an --out that cannot be written, --parts that are not part numbers, a --root that is no
+folder, build run from the unpacked zip) is ONE line on stderr, "error: ... (what to do)", and a
+non-zero exit status, never a traceback, through autograder.grade's run_cli and Parser; the zip
+ships autograder/grade.py (CLI_HELPER) for that. `run` still writes a failing results.json when
+it cannot grade: to --out (default ROOT/results/results.json) whenever that can be written; only an
+--out that cannot be written, or the default --out of a --root that does not exist (this command
+does not create a /autograder), gets the one line alone. run_autograder publishes a failing
+results.json whenever this command exits non-zero."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -11,6 +19,8 @@ import traceback
 import zipfile
 from pathlib import Path
 from typing import Sequence
+
+from autograder.grade import Parser, UsageError, run_cli, writable_file
 
 from ..grading import Options, grade_one
 from ..sandbox import detect
@@ -28,6 +38,9 @@ HERE = Path(__file__).resolve().parent
 ENVIRONMENT = ("requirements.txt", "requirements.lock")
 GRADING_CODE = ("instructor/__init__.py", "instructor/hidden_tests", "instructor/intake.py", "instructor/sandbox.py",
                 "instructor/batch.py", "instructor/grading.py", "instructor/gradescope")
+# The command-line plumbing every CLI of the kit shares (one-line errors): shipped by the student
+# release, outside JUDGE_TREES, and needed by this module's main() in the zip.
+CLI_HELPER = ("autograder/grade.py",)
 SKIP = {"__pycache__", ".pytest_cache", ".hypothesis"}
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # reproducible zip: same inputs, same bytes
 
@@ -52,8 +65,8 @@ def contents() -> list[str]:
 
     from ..release import shipped_files
 
-    grader = [f for f in shipped_files() if _under(f, JUDGE_TREES)]
-    missing = [t for t in JUDGE_TREES if not any(_under(f, (t,)) for f in grader)]
+    grader = [f for f in shipped_files() if _under(f, (*JUDGE_TREES, *CLI_HELPER))]
+    missing = [t for t in (*JUDGE_TREES, *CLI_HELPER) if not any(_under(f, (t,)) for f in grader)]
     if missing:
         raise SystemExit(f"error: the release ships nothing of {missing}; the Gradescope zip needs it")
     own = [f.relative_to(ROOT).as_posix() for rel in (*ENVIRONMENT, *GRADING_CODE) for f in _files(rel)]
@@ -75,7 +88,15 @@ def _check_hidden_tests(files: Sequence[str]) -> None:
 
 
 def build(out: Path) -> Path:
-    """Write the autograder zip: setup.sh and run_autograder at its root, then the source tree."""
+    """Write the autograder zip: setup.sh and run_autograder at its root, then the source tree.
+    An --out that cannot be written is refused (UsageError) before anything is read or written."""
+    if not (ROOT / "instructor" / "release.py").is_file():
+        raise UsageError(f"build needs the course repository (instructor/release.py is missing under {ROOT}: "
+                         "this looks like the unpacked autograder zip); run it in the course repository")
+    out = Path(out)
+    if out.name in ("", ".", "..") or out.is_dir():
+        raise UsageError(f"--out {out} is not a file name; pass a zip file, e.g. build/gradescope-autograder.zip")
+    writable_file(out, "--out")
     out.parent.mkdir(parents=True, exist_ok=True)
     entries: list[tuple[str, bytes, int]] = [
         ("setup.sh", (HERE / "setup.sh").read_bytes(), 0o755),
@@ -83,14 +104,18 @@ def build(out: Path) -> Path:
     ]
     for rel in contents():
         entries.append((rel, (ROOT / rel).read_bytes(), 0o644))
-    tmp = out.with_suffix(".zip.tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data, mode in sorted(entries, key=lambda e: e[0]):
-            info = zipfile.ZipInfo(name, FIXED_TIME)
-            info.external_attr = (0o100000 | mode) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            z.writestr(info, data)
-    os.replace(tmp, out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, data, mode in sorted(entries, key=lambda e: e[0]):
+                info = zipfile.ZipInfo(name, FIXED_TIME)
+                info.external_attr = (0o100000 | mode) << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                z.writestr(info, data)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return out
 
 
@@ -195,13 +220,57 @@ def check(allow_weak: bool = False) -> int:
     return 0
 
 
+def parse_parts(text: str | None) -> list[int] | None:
+    """--parts "1,3" -> [1, 3] (None or "": every part), refused (UsageError) unless each is a part
+    of the rubric."""
+    from autograder.engine.rubric import load_rubric
+
+    if text is None or not text.strip():
+        return None
+    numbers = load_rubric().numbers
+    parts: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) not in numbers:
+            raise UsageError(f"--parts {text!r}: {item!r} is not a part (the parts are {', '.join(map(str, numbers))}); "
+                             "pass comma-separated part numbers, e.g. --parts 1,2 (or set AUTOGRADER_PARTS so)")
+        if int(item) not in parts:
+            parts.append(int(item))
+    return parts
+
+
+def run_command(root: Path, parts_text: str | None, out: Path | None) -> int:
+    """`run`: check the command line, then grade. A results.json is written whenever `out` can be
+    written: the grade, or a failing one (0 points) when the command line is refused."""
+    root = Path(root)
+    explicit_out = out is not None
+    out = Path(out) if explicit_out else root / "results" / "results.json"
+    if explicit_out or root.is_dir():
+        writable_file(out, "--out")  # nothing to write into: the one line alone
+    try:
+        if not root.is_dir():
+            raise UsageError(f"--root {root} is not a folder (Gradescope's /autograder, which holds submission/); "
+                             "pass the folder with --root or GRADESCOPE_ROOT")
+        if not (root / "submission").is_dir():
+            raise UsageError(f"--root {root} holds no submission/ folder; put the submission in "
+                             f"{root / 'submission'} or pass another --root")
+        parts = parse_parts(parts_text)
+    except UsageError as e:
+        if explicit_out or root.is_dir():
+            _write_private(out, failing_result(f"not graded: {e}"))
+        raise
+    result = run(root, parts, out)
+    print(f"score {result['score']:g}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m instructor.gradescope")
+    ap = Parser(prog="python -m instructor.gradescope")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the autograder zip to upload to Gradescope")
     b.add_argument("--out", type=Path, default=ROOT / "build" / "gradescope-autograder.zip")
     r = sub.add_parser("run", help="grade one submission the way Gradescope does (called by run_autograder)")
-    r.add_argument("--root", type=Path, default=Path(os.environ.get("GRADESCOPE_ROOT", "/autograder")))
+    r.add_argument("--root", type=Path, default=Path(os.environ.get("GRADESCOPE_ROOT") or "/autograder"))
     r.add_argument("--parts", default=os.environ.get("AUTOGRADER_PARTS") or None,
                    help="comma-separated parts (default: all; for checking the set-up only)")
     r.add_argument("--out", type=Path, default=None,
@@ -214,11 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if a.cmd == "check":
         return check()
-    parts = [int(x) for x in a.parts.split(",")] if a.parts else None
-    result = run(a.root, parts, a.out)
-    print(f"score {result['score']:g}")
-    return 0
+    return run_command(a.root, a.parts, a.out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))
