@@ -48,7 +48,7 @@ import torch
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
-from autograder.engine.checks import CheckFailure, check, check_close, unpack
+from autograder.engine.checks import CheckFailure, check, check_close, join_hints, unpack
 
 from . import probes as pb
 
@@ -276,7 +276,7 @@ def probed(ladder: Callable[[], "pb.Finding"], recognise: Callable[["pb.Finding"
             finding = ladder()
             extra = recognise(finding) if recognise else None
             parts = [finding.message(), extra, failure.hint if keep and not extra else None]
-            failure.hint = "; ".join(p for p in parts if p)
+            failure.hint = join_hints(*parts)
         except Exception as exc:  # noqa: BLE001 -- a diagnosis must never hide the failure itself
             failure.hint = f"{failure.hint} (probes unavailable: {type(exc).__name__})"
         failure.args = (failure.message(),)
