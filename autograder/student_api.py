@@ -47,7 +47,7 @@ API: tuple[Graded, ...] = (
     Graded(4, "flash_backward.flash_backward",
            "(q, k, v, o, lse, do, causal=False, block_q=64, block_k=64, scale=None)", "(dq, dk, dv), shapes of q, k, v"),
     Graded(4, "flash_backward.FlashAttentionFunction", "(q, k, v, causal=False, block_q=64, block_k=64, scale=None)",
-           "torch.autograd.Function: .apply(...) returns (o, lse), saves q, k, v, o, lse"),
+           "torch.autograd.Function: .apply(...) returns o (differentiable), saves q, k, v, o, lse for its backward"),
     Graded(4, "flash_backward.flash_forward", "(q, k, v, causal=False, block_q=64, block_k=64, scale=None)",
            "part 2's flash_forward as flash_backward.py imports it (the tests swap in a correct one)", implement=False),
     Graded(4, "flash_backward.flash_attention", "(q, k, v, causal=False)", "o, differentiable (via FlashAttentionFunction)"),

@@ -92,6 +92,19 @@ def _type_name(x: Any) -> str:
     return type(x).__name__
 
 
+def join_hints(*parts: str | None) -> str:
+    """Hints joined with "; ", each clause once (a clause inside another one counts as said): a probe's
+    finding and a check's own hint often say the same thing, and a student should read it once."""
+    seen: list[str] = []
+    for part in parts:
+        for clause in (part or "").split("; "):
+            clause = clause.strip()
+            if not clause or any(clause in s for s in seen):  # said already (maybe after a "found: " lead)
+                continue
+            seen = [s for s in seen if s not in clause] + [clause]
+    return "; ".join(seen)
+
+
 def check(condition: bool, *, what: str, detail: str = "", hint: str | None = None,
           inputs: Mapping[str, Any] | None = None) -> None:
     """Fail with a CheckFailure unless condition is exactly True (not merely truthy)."""

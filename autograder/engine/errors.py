@@ -22,3 +22,38 @@ class StudentError(Exception):
         self.where = (sanitize.line(where[0], 100), where[1] if type(where[1]) is int else 0) if where else None
         self.detail = sanitize.block(detail, 4000) if detail else ""
         self.exc_type = sanitize.line(exc_type, 80) if exc_type is not None else None
+
+
+# What an exception of torch, numpy or Python in student code most often means in this assignment: the
+# hint a failed public test adds to the exception's own line (runner._message). First match wins; the
+# patterns see the sanitized "<function> raised <type>: <first line>" text, never a hidden test's.
+EXCEPTION_HINTS: tuple[tuple[str, str], ...] = (
+    (r"expected (scalar type|m1 and m2 to have the same dtype)|found dtype|must have the same dtype|"
+     r"dtype .*(mismatch|doesn't match)|expected .* dtype|to have the same dtype",
+     "two tensors of different dtypes meet: create every buffer, accumulator and cache in its input's dtype "
+     "(dtype=q.dtype, or the model's weight dtype), not torch's default float32"),
+    (r"non-zero size|zero-size|with no elements|empty sequence|max\(\) arg is an empty",
+     "a reduction over an empty dim: a block, segment or row with 0 keys must give the identity of ⊕, "
+     "(m, ℓ, o) = (-inf, 0, 0) and lse = -inf (§4.4)"),
+    (r"must match the size of tensor|size mismatch|shapes cannot be multiplied|The size of tensor a|"
+     r"mat1 and mat2|cannot be broadcast|could not be broadcast|doesn't match the broadcast shape",
+     "two operands' shapes do not fit at that line: a ragged last block holds fewer than B rows or keys "
+     "(slice it as [start:min(start + B, N)]), and a row statistic needs its trailing dim (unsqueeze(-1))"),
+    (r"out of (bounds|range)|IndexError",
+     "an index past the end at that line: the last block ends at N, not at start + B"),
+    (r"OverflowError|math range error",
+     "math.exp overflows above 709: subtract the running max before exp (§4.2)"),
+    (r"modified by an inplace operation|a leaf Variable that requires grad",
+     "autograd needs the tensors it saved unchanged: write to a new tensor instead of in place, or "
+     "compute the backward by hand in the Function (§7)"),
+)
+
+
+def exception_hint(text: str) -> str | None:
+    """The hint for a student exception's line (EXCEPTION_HINTS), or None."""
+    import re
+
+    for pattern, hint in EXCEPTION_HINTS:
+        if re.search(pattern, text):
+            return hint
+    return None

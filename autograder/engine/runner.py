@@ -27,6 +27,7 @@ import pytest
 from . import cases as case_sets
 from . import sanitize, static
 from .checks import CheckFailure, one_thread
+from .errors import exception_hint
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
     prepare_submission
 from .rubric import Rubric, load_rubric
@@ -251,7 +252,8 @@ def _message(res: dict) -> str:
     if isinstance(exc, CheckFailure):
         text = exc.message()
     elif isinstance(exc, StudentError):
-        return str(exc)
+        hint = exception_hint(str(exc)) if exc.kind == "exception" else None
+        return f"{exc}\nhint: {hint}" if hint else str(exc)
     else:
         text = res.get("text", "")
     return sanitize.block(text, 2000, 40)
@@ -265,7 +267,8 @@ def _failure_dict(info: dict, test_id: str, res: dict) -> dict:
     if isinstance(exc, CheckFailure):
         out.update(exc.as_dict())
     elif isinstance(exc, StudentError):
-        out.update(kind=exc.kind, what=f"calling {exc.target}")
+        out.update(kind=exc.kind, what=f"calling {exc.target}",
+                   hint=exception_hint(str(exc)) if exc.kind == "exception" else None)
         if exc.function:
             out["function"] = exc.function
     else:

@@ -9,7 +9,9 @@ Checked three ways:
     shifted by +1000 do not overflow in the safe and online softmax; an all -inf row gives zeros;
 (c) counters, judge-side: the *_counted softmaxes read their input 2 / 3 / 2 times, counted BY THE
     JUDGE as the input elements it had to deliver (the values stay in the judge; the worker's counter
-    asks for each block of 256 as it is read: scenarios/part1.py), and the rebase count (a return
+    asks for each block of 256 as it is read: scenarios/part1.py), and each pass computes from what it
+    read: the judge serves every pass its own values (pass_values), so reads that compute nothing (x
+    kept from one pass, the others only walked over) give other probabilities. The rebase count (a return
     value) equals the count the judge recomputes from the values.
 
 Every tensor function is recorded in the worker and replayed by the judge (autograder/engine/
@@ -46,7 +48,7 @@ import torch
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
-from autograder.engine.checks import CheckFailure, check, check_close, unpack
+from autograder.engine.checks import CheckFailure, check, check_close, join_hints, unpack
 
 from . import probes as pb
 
@@ -274,7 +276,7 @@ def probed(ladder: Callable[[], "pb.Finding"], recognise: Callable[["pb.Finding"
             finding = ladder()
             extra = recognise(finding) if recognise else None
             parts = [finding.message(), extra, failure.hint if keep and not extra else None]
-            failure.hint = "; ".join(p for p in parts if p)
+            failure.hint = join_hints(*parts)
         except Exception as exc:  # noqa: BLE001 -- a diagnosis must never hide the failure itself
             failure.hint = f"{failure.hint} (probes unavailable: {type(exc).__name__})"
         failure.args = (failure.message(),)
@@ -494,12 +496,15 @@ def _float_list(result: Any, n: int, what: str, hint: str) -> torch.Tensor:
 BLOCK = 256  # elements per delivery: scenarios/part1.BLOCK
 
 
-def judge_counted(student, which: str, values: list[float]) -> tuple[Any, int]:
+def judge_counted(student, which: str, passes: list[list[float]]) -> tuple[Any, int]:
     """Run <which>_softmax_counted with the values kept in the judge, delivered block by block as the
-    code reads them (scenarios/part1.py). Returns (its result, the elements the judge delivered)."""
-    n = len(values)
+    code reads them (scenarios/part1.py). The k-th delivery of a block is the code's k-th pass over it,
+    and it gets the block of `passes[k]` (the last list for any later pass): each pass its own values.
+    Returns (its result, the elements the judge delivered)."""
+    n = len(passes[0])
     out = student.scenario("part1.counted_start", which=which, n=n)
     delivered = 0
+    served: dict[int, int] = {}  # block -> deliveries so far
     limit = 8 * n + BLOCK  # more than any pass count the tests expect: stop a runaway reader
     while type(out) is dict and "need" in out:
         b = out["need"]
@@ -507,6 +512,8 @@ def judge_counted(student, which: str, values: list[float]) -> tuple[Any, int]:
               what=f"{which}_softmax_counted reads its input a bounded number of times",
               detail=f"it asked for more than {limit:,} element reads of {n}" if delivered > limit
               else "it asked for an element that does not exist", hint=HINTS["passes"][which], inputs={"x": (n,)})
+        values = passes[min(served.get(b, 0), len(passes) - 1)]
+        served[b] = served.get(b, 0) + 1
         block = values[b * BLOCK:(b + 1) * BLOCK]
         delivered += len(block)
         out = student.scenario("part1.counted_feed", values=block)
@@ -515,21 +522,60 @@ def judge_counted(student, which: str, values: list[float]) -> tuple[Any, int]:
     return out["result"], delivered
 
 
+def pass_values(n: int, seed: int, passes: int) -> list[list[float]]:
+    """The values each pass of a counted softmax reads: pass 1 gets x, each later pass x moved by up to
+    ±0.01 (another draw each pass). A correct k-pass softmax uses what each pass reads (its statistics
+    from the earlier passes, its probabilities from the last), so its output is expected_passes(...) of
+    these lists; a function that keeps x from one pass and only walks over x in the others (reads
+    that compute nothing) gives the softmax of that one pass's values instead, off by ~1e-3 relative."""
+    x = counted_values(n, seed)
+    g = torch.Generator().manual_seed(seed + 5000)
+    moved = [(torch.tensor(x, dtype=torch.float64) + (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 0.02)
+             .tolist() for _ in range(passes - 1)]
+    return [x, *moved]
+
+
+def expected_passes(which: str, passes: list[list[float]]) -> torch.Tensor:
+    """The probabilities a correct counted softmax computes from the values its passes read (float64):
+    naive   exp(x2_j) / Σ exp(x1);
+    safe    exp(x3_j - m) / Σ exp(x2 - m), m = max x1;
+    online  exp(x2_j - m) / ℓ, (m, ℓ) the summary of x1 (§4.1-§4.3)."""
+    xs = [torch.tensor(p, dtype=torch.float64) for p in passes]
+    if which == "naive":
+        return torch.exp(xs[1]) / torch.exp(xs[0]).sum()
+    m = xs[0].max()
+    if which == "safe":
+        return torch.exp(xs[2] - m) / torch.exp(xs[1] - m).sum()
+    return torch.exp(xs[1] - m) / torch.exp(xs[0] - m).sum()
+
+
+VALUE_HINTS = {"naive": "naive_softmax", "safe": "safe_softmax", "online": "summary_l"}
+
+
 def check_passes(student, which: str, n: int, seed: int) -> None:
-    values = counted_values(n, seed)
-    result, reads = judge_counted(student, which, values)
+    """The passes the judge counted as it delivered the values, then the probabilities from what each pass
+    read (pass_values: each pass its own values)."""
+    want = {"naive": 2, "safe": 3, "online": 2}[which]
+    passes = pass_values(n, seed, want)
+    result, reads = judge_counted(student, which, passes)
     fn = f"{which}_softmax_counted"
     if which == "online":
         result, _ = unpack(result, 2, what=f"{fn}(x) returns (probabilities, rebases)", hint=HINTS["rebases"])
     probs = _float_list(result, n, f"{fn}(x) returns a list of probabilities", HINTS["passes"][which])
-    x = torch.tensor(values, dtype=torch.float64)
-    check_close(probs, ref_softmax(x), what=f"{fn}(x) against float64 softmax", inputs={"x": (n,)}, atol=1e-12,
-                rtol=0.0, hint=HINTS["passes"][which], dtype=torch.float64)
-    want = {"naive": 2, "safe": 3, "online": 2}[which]
     check(reads == want * n, what=f"{fn} reads every element exactly {want} times (counted by the judge)",
           detail=f"the judge delivered {reads} element reads for {n} elements = {reads / max(n, 1):.3g} passes, "
                  f"expected {want} (a pass reads the elements in order, block by block)",
           hint=HINTS["passes"][which], inputs={"x": (n,)})
+    kept = torch.tensor(passes[0], dtype=torch.float64)
+    if probs.shape == kept.shape and bool(torch.isfinite(probs).all()) and \
+            bool(torch.allclose(probs, ref_softmax(kept), rtol=0, atol=1e-12)):
+        raise CheckFailure(f"{fn} computes its probabilities from the values its passes read",
+                           detail=f"it returned the softmax of the values of its FIRST pass; the judge served each "
+                                  f"pass its own values (later passes moved by up to ±0.01), so pass {want} must "
+                                  "compute from what it reads", hint=HINTS["passes"][which], inputs={"x": (n,)})
+    check_close(probs, expected_passes(which, passes), what=f"{fn}(x) against float64 softmax (each pass on its "
+                "own values)", inputs={"x": (n,)}, atol=1e-12, rtol=0.0, hint=HINTS[VALUE_HINTS[which]],
+                dtype=torch.float64)
 
 
 def check_rebases(student, n: int, seed: int, order: str = "random") -> None:

@@ -254,6 +254,14 @@ def replayed_function(student, case: AttnCase, *, via: str, do: torch.Tensor | N
     return rp, q, k, v, do
 
 
+def check_function_backward(rp: replay.Replayed, case: AttnCase, inputs: dict) -> None:
+    """The structure rules of flash_backward on the backward of a Function's record (every replay of the
+    part is held to them, not only the direct flash_backward calls: a Function whose backward builds the
+    Nq × Nk matrix computes right gradients too)."""
+    check_backward_structure(rp, case, inputs=inputs, start=rp.marks["backward"][0], fn="the Function's backward",
+                             rows=FUNCTION_ROWS)
+
+
 def check_function_grads(student, case: AttnCase, *, hidden: bool = False) -> None:
     """flash_attention(q, k, v, causal) forward and backward (o.backward(dO)) against float64 autograd."""
     assert case.block_q == case.block_k == 64 and case.scale is None, "test bug: flash_attention uses the defaults"
@@ -266,6 +274,7 @@ def check_function_grads(student, case: AttnCase, *, hidden: bool = False) -> No
                       inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION)
     _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
                  fn="flash_attention(...).backward(dO)", hidden=hidden, student=student)
+    check_function_backward(rp, case, inputs)
 
 
 def check_function_apply(student, case: AttnCase, *, hidden: bool = False) -> None:
@@ -281,6 +290,7 @@ def check_function_apply(student, case: AttnCase, *, hidden: bool = False) -> No
     _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
                  fn="FlashAttentionFunction.apply(..., scale).backward(dO)", hidden=hidden, student=student,
                  hint=HINT_FUNCTION_ARGS)
+    check_function_backward(rp, case, inputs)
 
 
 def check_function_saves(student, case: AttnCase) -> None:
@@ -318,8 +328,7 @@ def check_function_saves(student, case: AttnCase) -> None:
           what="FlashAttentionFunction keeps O and lse for its backward (ctx.save_for_backward)",
           detail=f"the backward reads tensors of shapes {kept[:8]} made in the forward; O is {o_shape}, lse is "
                  f"{lse_shape}", hint=HINT_SAVES_O_LSE, inputs=inputs)
-    check_backward_structure(rp, case, inputs=inputs, start=rp.marks["backward"][0], fn="the Function's backward",
-                             rows=FUNCTION_ROWS)
+    check_function_backward(rp, case, inputs)
 
 
 def _storages(tensors: list[torch.Tensor]) -> set[int]:
@@ -376,3 +385,4 @@ def check_gradcheck(student, case: AttnCase) -> None:
           detail=f"largest relative gradient error {worst:.3g} (dq {errs[0]:.3g}, dk {errs[1]:.3g}, dv {errs[2]:.3g}); "
                  f"allowed {GRADCHECK_RTOL:g}",
           hint=dg.HINT_BACKWARD, inputs=case.shown(q, k, v))
+    check_function_backward(rp, case, case.shown(q, k, v, do=do))

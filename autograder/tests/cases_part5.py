@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
-from autograder.engine.checks import CheckFailure, check, check_close, one_thread
+from autograder.engine.checks import CheckFailure, check, check_close, join_hints, one_thread
 from course import likesworld
 from course import tiny_transformer as tt
 from course.tiny_transformer import TinyTransformer, load_checkpoint, rope
@@ -425,7 +425,7 @@ def check_cached_logits(student, case: CacheCase) -> None:
             try:
                 finding = pb.cache_ladder(student)
                 if finding.failed is not None:
-                    failure.hint = "; ".join(p for p in (finding.message(), known) if p)
+                    failure.hint = join_hints(finding.message(), known)
                 else:
                     failure.hint = known or (f"{pb.NEUTRAL}: KVCache.update keeps and returns the right keys and "
                                              "values, so the bug is in forward_with_cache (positions, which layer's "

@@ -237,10 +237,14 @@ def check_no_upcast(rp: replay.Replayed, q: torch.Tensor, fn: str, inputs: dict)
 def decode_flops_bounds(case: DecodeCase) -> tuple[int, int]:
     """(fewest, most) matmul FLOPs of a correct flash_decode: 4·Nq·Nk·d per (batch, head) for the
     scores and P·V of every key once, plus up to 2·S·dv per query row when the combine's weighted
-    sum Σ_s w_s·o_s is written as a matmul / einsum (S = num_splits)."""
+    sum Σ_s w_s·o_s is written as a matmul / einsum (S = num_splits).
+    With one query row (or d = 1), a segment of one key makes P·V a (1 × 1)·(1 × d) product, which einsum
+    lowers to a plain `mul` (no matmul to count, as matmul_flops_defined says for parts 2 and 4); a legal
+    split may make up to min(S, Nk) such segments, so the fewest leaves out their 2·d per row."""
     rows = math.prod(case.lead) * case.nq
     exact = 4 * rows * case.nk * case.d
-    return exact, exact + 2 * rows * case.num_splits * case.d
+    fewest = exact - (2 * rows * case.d * min(case.num_splits, case.nk) if case.nq == 1 or case.d == 1 else 0)
+    return fewest, exact + 2 * rows * case.num_splits * case.d
 
 
 def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tensor, inputs: dict) -> None:
@@ -253,12 +257,14 @@ def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tenso
     if got < low and rp.broadcast_product_elems:
         hint = f"a matmul is written as a broadcast multiply + sum ({rp.broadcast_product_elems:,} products); " \
                "use @ / torch.matmul"
-    extra = f" (+ up to {high - low:,} for a combine written as a matmul)" if high > low else ""
+    exact = 4 * math.prod(case.lead) * case.nq * case.nk * case.d
+    extra = f" (+ up to {high - exact:,} for a combine written as a matmul)" if high > exact else ""
+    fewer = f" (- up to {exact - low:,} for P·V of one-key segments that einsum makes a mul)" if low < exact else ""
     check(low <= got <= high, what="matmul FLOPs of flash_decode = 4·Nq·Nk·d per (batch, head)",
-          detail=f"counted {got:,}{dead_flops(rp, got)}, expected {low:,}{extra}", hint=hint, inputs=inputs)
+          detail=f"counted {got:,}{dead_flops(rp, got)}, expected {exact:,}{extra}{fewer}", hint=hint, inputs=inputs)
     longest = max(split_lengths(case.nk, case.num_splits) or [0])
     rows = math.prod(case.lead)
-    others = (case.d, case.nq, case.num_splits, *case.lead, rows, rows * case.nq)  # a correct decode's dims
+    others = (case.d, case.nq, case.num_splits, *nonempty_segments(case), *case.lead, rows, rows * case.nq)
     if case.num_splits > 1 and longest < case.nk and case.nk not in others:
         # scores (or anything else made from q and k) along Nk keys or more: all of them at once,
         # padded or not; a float64 copy of k alone is legal
@@ -279,6 +285,16 @@ DECODE_ROWS = {0: (liveness.QUERY, -2), 1: (liveness.KEY, -2), 2: (liveness.KEY,
 HINT_DECODE_SEGMENTS = ("attend to one segment at a time (attention_partial per segment: its scores are used and "
                         "dropped, only (o_s, lse_s) stay), then combine the partials (§8.4); scores of several "
                         "segments held together, in a list or concatenated, are one pass over all the keys")
+
+
+def nonempty_segments(case: DecodeCase) -> set[int]:
+    """How many non-empty segments the legal splits make (a decode may stack the partials of those only,
+    dropping the empty ones: they are the identity of ⊕): min(S, Nk) for tensor_split and round(s·Nk/S)
+    slices, ceil(Nk / ceil(Nk/S)) for segments of ceil(Nk/S) keys."""
+    n, s = case.nk, case.num_splits
+    if n == 0 or s <= 0:
+        return set()
+    return {min(s, n), -(-n // -(-n // s))}
 
 
 def segment_bound(case: DecodeCase) -> int:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from autograder.engine.checks import join_hints
 from course.reference import attention_reference
 
 from . import probes as pb
@@ -217,7 +218,7 @@ def _best_variant(actual: torch.Tensor, correct: torch.Tensor, variants: dict[st
 
 
 def _compose(*parts: str | None) -> str:
-    return "; ".join(p for p in parts if p)
+    return join_hints(*parts)
 
 
 # ---------------------------------------------------------------------------------------------------

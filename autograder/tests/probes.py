@@ -60,7 +60,8 @@ class Finding:
     def message(self) -> str:
         if self.failed is None:
             n = len(self.passed)
-            return f"{NEUTRAL}: all {n} probes (one tile up to causal, ragged, Nq ≠ Nk, float32) are correct"
+            said = ", ".join(r.label for r in self.passed)  # what this ladder tried, in its own words
+            return f"{NEUTRAL}: all {n} probes ({said}) are correct" if n else f"{NEUTRAL} (no probe ran)"
         before = f"correct with {self.passed[-1].label}, " if self.passed else ""
         if self.raised:
             return f"{before}raises with {self.failed.label} ({self.raised}): {self.failed.implies}"

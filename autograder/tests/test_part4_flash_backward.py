@@ -58,13 +58,13 @@ def test_backward_trace(student, case):
 
 @cases(*FUNCTION, diagnosis=dg.hidden_backward)
 def test_function_grads(student, case):
-    """flash_attention(...).backward(dO) through the autograd Function against float64 gradients (§7)."""
+    """flash_attention(...).backward(dO) through the autograd Function against float64 gradients, then the structure of its backward (§7)."""
     C.check_function_grads(student, case, hidden=student.hidden)
 
 
 @cases(*APPLY, diagnosis=dg.hidden_backward)
 def test_function_apply_scale(student, case):
-    """FlashAttentionFunction.apply with an explicit scale: the scale reaches forward and backward."""
+    """FlashAttentionFunction.apply with an explicit scale: the scale reaches forward and backward, a tiled backward (§7)."""
     C.check_function_apply(student, case, hidden=student.hidden)
 
 
@@ -76,5 +76,5 @@ def test_function_saves_o_and_lse(student, case):
 
 @cases(*GRADCHECK, diagnosis=dg.hidden_backward)
 def test_gradcheck(student, case):
-    """torch.autograd.gradcheck of the Function in float64 on small ragged shapes."""
+    """torch.autograd.gradcheck of the Function in float64 on small ragged shapes, then the structure of its backward (§7)."""
     C.check_gradcheck(student, case)

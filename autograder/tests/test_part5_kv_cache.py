@@ -19,6 +19,20 @@ CACHE = [
 UNIT = C.UnitCase()
 
 
+# The cache on its own first, then the model through it: a bug of update shows where it is (the
+# integration tests would report its symptoms: logits off, or update's own overflow error).
+@cases(UNIT, diagnosis=dg.hidden_cache)
+def test_cache_update_and_length(student, case):
+    """KVCache.update appends to one layer and returns its filled prefix as views of one preallocated buffer; length follows layer 0 (§8.2)."""
+    C.check_cache_unit(student, case)
+
+
+@cases(dict(unit=UNIT, prefill=6, names=("overflow", "wrong_head_dim", "k_v_mismatch")))
+def test_cache_errors(student, case):
+    """KVCache.update raises ValueError, with a one-line message, on overflow, a wrong head_dim, or k and v of different shapes."""
+    C.check_cache_errors(student, case["unit"], prefill=case["prefill"], names=case["names"])
+
+
 @cases(*CACHE, diagnosis=dg.hidden_cache)
 def test_cached_logits_every_step(student, case):
     """forward_with_cache's logits at every call equal the model's uncached logits, with no recompute of cached tokens (§8.2)."""
@@ -53,15 +67,3 @@ def test_generate_other_prompts(student, case):
 def test_generate_batched(student, case):
     """generate on a batch of prompts: each row's greedy tokens as if generated alone (§8.1)."""
     C.check_generate_batched(student, **case)
-
-
-@cases(UNIT, diagnosis=dg.hidden_cache)
-def test_cache_update_and_length(student, case):
-    """KVCache.update appends to one layer and returns its filled prefix as views of one preallocated buffer; length follows layer 0 (§8.2)."""
-    C.check_cache_unit(student, case)
-
-
-@cases(dict(unit=UNIT, prefill=6, names=("overflow", "wrong_head_dim", "k_v_mismatch")))
-def test_cache_errors(student, case):
-    """KVCache.update raises ValueError, with a one-line message, on overflow, a wrong head_dim, or k and v of different shapes."""
-    C.check_cache_errors(student, case["unit"], prefill=case["prefill"], names=case["names"])
