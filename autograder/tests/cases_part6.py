@@ -110,10 +110,18 @@ def check_split(student, case: DecodeCase) -> None:
               detail=f"shapes {[tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in parts]}",
               hint=HINT_SPLITS, inputs=inputs)
         joined = torch.cat(parts, dim=-2)
+        covered, nk = joined.shape[-2], whole.shape[-2]
+        hint = HINT_SPLITS
+        if covered < nk:
+            gone = f"{nk - covered} key was" if nk - covered == 1 else f"{nk - covered} keys were"
+            hint = (f"the segments hold {covered} of the {nk} keys: the last {gone} dropped (Nk = "
+                    f"{nk} is not a multiple of num_splits = {len(parts)}); give the first Nk mod num_splits segments "
+                    "one key more, as torch.tensor_split does (§8.4)")
+        elif covered > nk:
+            hint = f"the segments hold {covered} keys for Nk = {nk}: some keys are in two segments; {HINT_SPLITS}"
         check(joined.shape == whole.shape and bool(torch.equal(joined, whole)),
               what=f"the {name} segments, concatenated in order, are exactly {name} (every key once, in order)",
-              detail=f"lengths {[t.shape[-2] for t in parts]} for Nk = {whole.shape[-2]}", hint=HINT_SPLITS,
-              inputs=inputs)
+              detail=f"lengths {[t.shape[-2] for t in parts]} for Nk = {nk}", hint=hint, inputs=inputs)
     lengths = [t.shape[-2] for t in ks]
     check([t.shape[-2] for t in vs] == lengths, what="k and v are split at the same places",
           detail=f"k lengths {lengths}, v lengths {[t.shape[-2] for t in vs]}", hint=HINT_SPLITS, inputs=inputs)
