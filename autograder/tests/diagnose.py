@@ -73,6 +73,8 @@ HINT_DQDK_SCALE = ("the softmax scale is missing in dQ/dK: S = scale · Q Kᵀ, 
 HINT_SCALED_TWICE = ("the softmax scale is applied twice in dQ or dK: with S = scale · Q Kᵀ, dQ = scale · dS K and "
                      "dK = scale · dSᵀ Q, once (if Q was pre-scaled, dSᵀ (scale·Q) already carries it)")
 HINT_DS_P = "dS = P ∘ (dP - D): the elementwise factor P is missing (§7.1)"
+HINT_P_TILE_MAX = ("P must be exp(S - L) with L the forward's lse of the whole row (§7.2), not exp(S - the tile's row "
+                   "max): the backward recomputes the forward's normalised P, so no running max and no ℓ")
 HINT_D_TILE = ("D_i = rowsum(dO_i ∘ O_i) over the whole row (§7.3), computed once before the loops, not "
                "rowsum(P ∘ dP) of one K/V tile")
 HINT_BACKWARD = ("recompute P = exp(scale · Q Kᵀ - L) per tile, then dV += Pᵀ dO, dP = dO Vᵀ, "
@@ -441,16 +443,24 @@ def _last_block_mask(visible: torch.Tensor, block_rows: int, block_cols: int) ->
 
 def masked_backward(q, k, v, o, lse, do, allowed: torch.Tensor, scale: float | None, *, d_mode: str,
                     dq_scale: int = 1, dk_scale: int = 1, dq_only: torch.Tensor | None = None,
-                    dkdv_only: torch.Tensor | None = None, ds_without_p: bool = False, block_k: int = 0):
+                    dkdv_only: torch.Tensor | None = None, ds_without_p: bool = False, block_k: int = 0,
+                    p_from_tile_max: bool = False):
     """(dq, dk, dv) of a BUGGY backward given o and lse (§7.1-§7.3), P recomputed under `allowed`, with:
     d_mode ("rowsum_do" | "zero" | "do_dot_v" | "tile": D from each K/V tile's rowsum(P ∘ dP) only |
     "ok"), the power of the scale in dQ / dK (0 missing, 2 twice), dq_only / dkdv_only masks that keep only
-    some (query, key) contributions (an overwritten accumulator), dS without the P factor."""
+    some (query, key) contributions (an overwritten accumulator), dS without the P factor, P from each
+    K/V tile's own row max (exp(S - m_tile), as the forward's P̃) instead of the row's lse."""
     q, k, v, o, lse, do = (t.double() for t in (q, k, v, o, lse, do))
     sc = _scale(q, scale)
     lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)  # P row = 0 there
     s = sc * q @ k.transpose(-1, -2)
     p = torch.exp(s - lse_safe.unsqueeze(-1)).masked_fill(~allowed, 0.0)
+    if p_from_tile_max:
+        p = torch.zeros_like(s)
+        for j0 in range(0, k.shape[-2], block_k):
+            tile = s[..., j0:j0 + block_k].masked_fill(~allowed[..., j0:j0 + block_k], -math.inf)
+            m = tile.amax(-1, keepdim=True)
+            p[..., j0:j0 + block_k] = torch.exp(tile - torch.where(torch.isneginf(m), torch.zeros_like(m), m))
     dp = do @ v.transpose(-1, -2)
     if d_mode == "tile":
         D = torch.zeros_like(dp)
@@ -490,6 +500,7 @@ def backward_variants(q, k, v, o, lse, do, *, causal, block_q, block_k, scale):
         "dq_scaled_twice": (run(dq_scale=2), HINT_SCALED_TWICE),
         "ds_without_p": (run(ds_without_p=True), HINT_DS_P),
         "D_one_tile": (run(d_mode="tile"), HINT_D_TILE),
+        "p_from_tile_max": (run(p_from_tile_max=True), HINT_P_TILE_MAX),
         "ragged_rows_dropped": (run(block_mask(nq, nk, **blocks, drop_ragged_rows=True)), HINT_RAGGED_Q),
         "ragged_keys_dropped": (run(block_mask(nq, nk, **blocks, drop_ragged_keys=True)), HINT_RAGGED_K),
     }
