@@ -63,6 +63,8 @@ HINT_LAYER0 = ("layer-0 cache-length regression (§8.2): the new tokens' positio
                "inside the layer loop, after layer 0 had already appended them, so layers >= 1 used positions "
                "shifted by T; compute positions = arange(cache.length, cache.length + T) ONCE per call, "
                "before the loop")
+HINT_POSITIONS_ZERO = ("the new tokens get positions 0..T-1 at every call: positions continue the sequence, "
+                       "cache.length .. cache.length + T - 1, for the queries and for the keys cached (RoPE, §8.2)")
 HINT_TOPLEFT = ("top-left causal mask while a cache is in use: the T new queries are the LAST T positions of "
                 "the cached keys, so query i may see key j iff j <= i + (Tk - T) (bottom-right, handout "
                 "conventions); give each block's attention the whole filled cache and causal=True")
@@ -265,8 +267,9 @@ def bug_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int], bug:
 
     "layer0_length": layers >= 1 rotate each token by its chunk's size T too far (they read the cache
     length after layer 0 appended, §8.2); "top_left": the causal mask of a chunk aligned top-left, so its
-    query j sees only the first j + 1 keys of the cache."""
-    if bug not in ("layer0_length", "top_left"):
+    query j sees only the first j + 1 keys of the cache; "positions_from_zero": every call gives its
+    tokens positions 0..T-1 (queries and the keys it caches), not cache.length onwards."""
+    if bug not in ("layer0_length", "top_left", "positions_from_zero"):
         raise ValueError(f"unknown bug {bug!r}")
     cfg = m.config
     B, N = tokens.shape
@@ -277,7 +280,7 @@ def bug_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int], bug:
     visible = keys <= (pos - start).unsqueeze(1) if bug == "top_left" else keys <= pos.unsqueeze(1)
     x = m.tok_emb(tokens)
     for i, blk in enumerate(m.blocks):
-        at = pos + size if (bug == "layer0_length" and i > 0) else pos
+        at = pos + size if (bug == "layer0_length" and i > 0) else pos - start if bug == "positions_from_zero" else pos
         h = blk.attn_norm(x)
         a = blk.attn
         q, k, v = (w(h).view(B, N, cfg.n_heads, cfg.head_dim).transpose(1, 2) for w in (a.wq, a.wk, a.wv))
@@ -364,7 +367,8 @@ class CacheCase:
 
 def _diagnose(m: TinyTransformer, tokens: torch.Tensor, sizes: list[int], got: list[Any], bound: float) -> str | None:
     """The hint of the known bug whose logits the student's match (within `bound`), if any."""
-    for bug, hint in (("layer0_length", HINT_LAYER0), ("top_left", HINT_TOPLEFT)):
+    for bug, hint in (("layer0_length", HINT_LAYER0), ("top_left", HINT_TOPLEFT),
+                      ("positions_from_zero", HINT_POSITIONS_ZERO)):
         want = bug_logits(m, tokens, sizes, bug)
         if all(isinstance(g, torch.Tensor) and g.shape == w.shape and
                float((g.double() - w.double()).abs().max()) <= bound for g, w in zip(got, want, strict=True)):
