@@ -43,6 +43,8 @@ def _strip(stats: dict) -> dict:
         c.pop("source", None)  # the judge never reads the submission's source files
     for r in s.get("race_reports", []):
         r.pop("source", None)
+    for x in (s, *s.get("per_launch", [])):  # only a replay sees register values (trace.LiveState)
+        x.pop("live_words_per_thread", None)
     return s
 
 
@@ -51,6 +53,7 @@ def test_replay_reproduces_the_counters_and_values_exactly(case):
     program, (o, lse, stats) = recorded(fk.run_flash_kernel, case)
     r = gs.replay(program)
     assert _strip(r.stats) == _strip(stats)
+    assert stats["live_words_per_thread"] == 0 < r.stats["live_words_per_thread"]
     assert np.array_equal(r.buffers[0]["O"], o.reshape(-1).numpy())
     assert np.array_equal(r.buffers[0]["L"], lse.reshape(-1).numpy())
 
@@ -327,3 +330,54 @@ def test_the_digest_changes_with_any_constant():
     c = trace.unpack(a)
     c["launches"][0]["kernel"] = "other"
     assert gs.digest(trace.pack(c)) != gs.digest(a)
+
+
+# ---------------------------------------------------------------------------------------------------
+# live per-thread values (trace.LiveState): what the on-chip rule of part 3 measures
+
+
+def _live_words(kernel, n: int = 64, threads: int = 32) -> tuple[int, int]:
+    """(live_words_per_thread of the replay, of the direct run) of kernel(t, A, O, n) on one block."""
+    with trace.record(counting=False) as rec:
+        g = gs.GPU()
+        A, O = g.array("A", np.arange(n * 4, dtype=np.float32)), g.zeros("O", (threads,))
+        g.launch(kernel, (1,), (threads,), A, O, n)
+    d = gs.GPU()  # a direct run of the same kernel
+    A2, O2 = d.array("A", np.arange(n * 4, dtype=np.float32)), d.zeros("O", (threads,))
+    d.launch(kernel, (1,), (threads,), A2, O2, n)
+    return trace.replay(rec.program()).stats["live_words_per_thread"], d.report()["live_words_per_thread"]
+
+
+def test_live_words_count_a_broadcast_value_in_every_thread_and_a_lane_value_once():
+    def uniform(t, A, O, n):  # (n, 4, 1): the same n·4 words in every thread
+        x = A.f4[4 * gs.unroll(n)]
+        O[t.threadIdx.x] = x.sum(0).sum(0)
+
+    def per_lane(t, A, O, n):  # (n, L): n words per thread
+        x = A[gs.unroll(n) * 0 + t.threadIdx.x]
+        O[t.threadIdx.x] = x.sum(0)
+
+    got_u, direct_u = _live_words(uniform)
+    got_l, _ = _live_words(per_lane)
+    assert 64 * 4 <= got_u <= 64 * 4 + 8, got_u  # the load, plus the sums' few words
+    assert 64 <= got_l <= 64 + 4, got_l
+    assert direct_u == 0  # a direct run does not see register values
+
+
+def test_live_words_free_dead_values_and_count_views_once():
+    def streaming(t, A, O, n):  # n/8 chunks of 8 keys, one live at a time, viewed twice
+        acc = None
+        for j in range(n // 8):
+            x = A.f4[4 * (j * 8 + gs.unroll(8))]  # (8, 4, 1): 32 words
+            y = x.reshape(8, 4).T  # a view of x: no registers of its own
+            acc = y.sum(0).sum(0) if acc is None else acc + y.sum(0).sum(0)
+        O[t.threadIdx.x] = acc
+
+    def hoarding(t, A, O, n):  # the same chunks, all kept until the end
+        xs = [A.f4[4 * (j * 8 + gs.unroll(8))] for j in range(n // 8)]
+        O[t.threadIdx.x] = sum(x.sum(0).sum(0) for x in xs)
+
+    got_s, _ = _live_words(streaming)
+    got_h, _ = _live_words(hoarding)
+    assert 32 <= got_s <= 32 + 16, got_s  # one chunk (its view not counted again) and a few sums; not 64
+    assert got_h >= 64 * 4, got_h

@@ -5,7 +5,11 @@ part-3 attacks aim at the simulator's measurements (forged stats, host-side comp
 recording, answers smuggled in as constants), which only the part-3 tests exercise. Each attack is
 laid over the current starter (instructor.redteam.assemble) and graded on part 3, public and hidden
 tests, fail-fast: it must score no more than the starter (0) and its feedback must give the reason
-its ATTACK.toml names."""
+its ATTACK.toml names.
+
+An attack that is right where it does not cheat (ATTACK.toml `honest_cases`: substrings of the test
+ids it passes honestly, e.g. the values and byte counts of a dense kernel that is not FlashAttention)
+is graded in full instead (not fail-fast): it may pass those tests and no other."""
 from __future__ import annotations
 
 import json
@@ -27,17 +31,26 @@ def corpus(tmp_path_factory):
 
 
 def test_the_part3_attacks_exist():
-    assert {"part3_forge_stats", "part3_host_compute", "part3_edit_recording", "part3_smuggle_constants"} <= set(ATTACKS)
+    assert {"part3_forge_stats", "part3_host_compute", "part3_edit_recording", "part3_smuggle_constants",
+            "part3_dense_shared_two_pass", "part3_dense_registers_two_pass"} <= set(ATTACKS)
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_scores_no_more_than_the_starter_with_a_reason(name, corpus):
     base, starter_points = corpus
     spec = ATTACKS[name]
-    report = grade(base / name, parts=[3], test_sets=("public", "hidden"), fail_fast=True)
+    honest = spec.get("honest_cases", [])
+    report = grade(base / name, parts=[3], test_sets=("public", "hidden"), fail_fast=not honest)
     part = report["parts"][0]
     assert starter_points == 0
-    assert part["points"] <= starter_points, f"{name} got {part['points']} on part 3"
+    passed = [t for t in report["tests"] if t["outcome"] == "passed"]
+    cheats = [t["id"] for t in passed if not any(h in t["id"] for h in honest)]
+    assert cheats == [], f"{name} passed {len(cheats)} test(s) it has no right to: {cheats[:5]}"
+    if not honest:
+        assert part["points"] <= starter_points, f"{name} got {part['points']} on part 3"
+    else:  # it loses the points of the rule it breaks
+        lost = [t["id"] for t in report["tests"] if t["outcome"] != "passed" and not any(h in t["id"] for h in honest)]
+        assert lost, f"{name} passed every test"
     text = json.dumps(part.get("first_failure")).lower() + " ".join(
         str(t.get("message", "")) for t in report.get("tests", [])).lower()
     assert any(e.lower() in text for e in spec["expect"]), f"{name}: none of {spec['expect']} in {text[:600]}"

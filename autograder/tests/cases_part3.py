@@ -15,7 +15,37 @@ Everything expected is computed here:
 (b) conventions: lse incl. m in natural log, bottom-right causal, fully masked rows (Nq > Nk);
 (c) counters, exactly (docs/gpusim_guide.md): global memory holds only Q, K, V, O, L (S and P
     never leave the chip); DRAM bytes equal the closed form; causal K/V bytes are those of the
-    block pairs that hold an allowed (query, key) pair; no shared-memory race.
+    block pairs that hold an allowed (query, key) pair; no shared-memory race;
+(d) on-chip state bounded by the tiles (§5.2), measured in the replay: the shared memory a block
+    declares, and the most words of per-thread values (registers) live at once in one thread.
+
+On-chip state (d). The counters of (c) do not see what a block KEEPS: a kernel that loads all the
+keys a block needs into shared memory in one sweep, or into registers with broadcast loads, and then
+does a dense two-pass softmax over its whole score row reads the same bytes and writes the same O
+and L as FlashAttention. What makes FlashAttention is that its on-chip state per block is bounded by
+its tiles, independent of Nk: it streams K/V in tiles of B_c keys and keeps only the running
+(m, ℓ, acc) of each row between tiles (§5.1–§5.2). The replay measures (course.gpusim.trace):
+- `shared_bytes_per_block`: every shared array a block declares (declarations are never freed);
+- `live_words_per_thread`: the most words of per-thread values live at one time (from the
+  instruction that makes a value to the last one that reads it; views count once with their base).
+  A value whose last axis is not the thread (a (B_c, d) tile read from shared memory with a uniform
+  index, the reference's own layout) is the same in every thread, so each thread holds all of it.
+The bounds (`on_chip_bounds`) are FlashAttention's tiles with room for every legal layout, in words:
+    shared     2·B_r·(d+4) + 4·B_c·(d+4) + 2·B_r·B_c + 8·B_r + 256
+               a Q tile and a separate O tile, rows padded by up to 4 words (d + 1 for conflict-free
+               columns, d + 4 to keep float4 alignment); K and V tiles double-buffered, padded the
+               same way; an S tile and a P̃ tile in shared memory; per-row statistics (m, ℓ, α, ...)
+               and scratch. The reference declares B_r·(d+1) + 2·B_c·d.
+    per thread 4·B_c·(d+4) + 8·(d+B_c) + 64
+               tile-sized values: a K tile and a V tile read from shared memory as broadcast values
+               (B_c·d each, padded rows included), and two tile-sized temporaries of the products
+               (k_j·q or P̃·v_j written as a broadcast multiply before its sum); row-sized values: q,
+               acc, the rescaled acc and o (d each), the B_c scores, P̃ and the masks and temporaries
+               of the update (B_c each), 8 of each kind; 64 scalars (m, ℓ, α, m_new, ...). The
+               reference holds B_c·d + 2·B_c + 3·d + ... (one tile at a time).
+Neither bound depends on Nk, so a kernel that holds all the keys' K/V (2·d words a key) or all the
+scores of a row exceeds them once Nk is a few tiles long: the cases of this check have Nk ≥ 16·B_c.
+With Nk of one or two tiles, dense attention IS a one-tile FlashAttention, and passes.
 
 The closed form (one head; every case keeps d and B_r multiples of 8 so that tiles start on
 32-byte sectors, and with several heads Nq a multiple of 8):
@@ -68,6 +98,12 @@ HINT_PROGRAM = ("run_flash_kernel must launch the kernel on a simulated GPU whos
                 "(heads one after another) and O, L receive the results, as the given launcher does")
 HINT_VALUES = ("o = softmax(scale·q kᵀ) v row by row with the online softmax (§5.1): rescale acc and ℓ by "
                "exp(m - m_new) when the max grows, divide by ℓ once at the end, lse = m + log ℓ")
+
+
+HINT_ON_CHIP_STATE = ("FlashAttention's on-chip state is bounded by its tiles, independent of Nk: stream K/V "
+                      "through shared memory in tiles of B_c keys and keep only the running (m, ℓ, acc) of each "
+                      "row between tiles (online softmax, §5.1–§5.2); never all the keys' K, V or scores at once "
+                      "(not in shared memory, not in registers)")
 
 
 def _coalesce_hint(name: str) -> str:
@@ -481,6 +517,38 @@ def check_causal_skipping(student, case: KernelCase) -> None:
     check(got == want, what="causal: K/V bytes read = the block pairs that hold an allowed (query, key) pair",
           detail=f"expected {want} bytes ({pairs} of {total} block pairs; all pairs would be {full}), got {got}",
           hint=hint, inputs=shown)
+
+
+def on_chip_bounds(case: KernelCase) -> dict[str, int]:
+    """FlashAttention's on-chip state per block, in 4-byte words, with room for every legal layout
+    (module docstring, (d)): shared memory per block and live per-thread values. Independent of Nk."""
+    br, bc, d = case.block_rows, case.block_cols, case.d
+    return {"shared": 2 * br * (d + 4) + 4 * bc * (d + 4) + 2 * br * bc + 8 * br + 256,
+            "per_thread": 4 * bc * (d + 4) + 8 * (d + bc) + 64}
+
+
+def check_on_chip_state(student, case: KernelCase) -> None:
+    """The shared memory of a block and the live per-thread values of a thread, measured in the judge's
+    replay, stay within FlashAttention's tiles (on_chip_bounds): K/V streamed in tiles of B_c keys."""
+    stats, _ = _counted(student, case)
+    shown = None if student.hidden else case.shown(*case.qkv())
+    bound = on_chip_bounds(case)
+    d, bc = case.d, case.block_cols
+    shared = int(stats.get("shared_bytes_per_block", 0)) // 4
+    per_thread = int(stats.get("live_words_per_thread", 0))
+    tiles = f"B_r = {case.block_rows}, B_c = {bc}, d = {d}"
+    check(shared <= bound["shared"], what="shared memory per block stays within FlashAttention's tiles (§5.2)",
+          detail=(f"a block declares {shared} words of shared memory, as much as the K/V of {shared // (2 * d)} keys "
+                  f"({2 * d} words a key) at once: FlashAttention streams K/V in tiles of B_c = {bc} keys, with a Q "
+                  f"tile beside them, and needs at most {bound['shared']} words here ({tiles}; Nk = {case.nk})"),
+          hint=HINT_ON_CHIP_STATE, inputs=shown)
+    check(per_thread <= bound["per_thread"], what="the values a thread holds at once stay within one tile and its "
+          "row's state (§5.1–§5.2)",
+          detail=(f"a thread holds {per_thread} words of values at once, as much as the K/V of {per_thread // (2 * d)} "
+                  f"keys ({2 * d} words a key) or {per_thread} scores: FlashAttention's thread holds its row's acc, m "
+                  f"and ℓ and one tile of B_c = {bc} keys, at most {bound['per_thread']} words here "
+                  f"({tiles}; Nk = {case.nk})"),
+          hint=HINT_ON_CHIP_STATE, inputs=shown)
 
 
 def check_no_race(student, case: KernelCase) -> None:

@@ -27,6 +27,12 @@ CAUSAL = [
     C.KernelCase(nq=256, nk=256, d=64, causal=True, seed=8),
     C.KernelCase(nq=96, nk=160, d=16, causal=True, block_rows=32, block_cols=32, seed=9),
 ]
+# On-chip state: Nk of 16 tiles and more, so that a block that keeps every key's K/V (or every score
+# of a row) on chip exceeds FlashAttention's tile bounds (cases_part3, (d)); causal with Nq < Nk.
+ON_CHIP = [
+    C.KernelCase(nq=32, nk=1024, d=8, block_rows=16, block_cols=16, seed=12),
+    C.KernelCase(nq=64, nk=512, d=16, causal=True, block_rows=32, block_cols=32, seed=13),
+]
 # Races need >= 2 warps per block and >= 2 K/V blocks.
 RACE = C.KernelCase(nq=130, nk=130, d=16, block_rows=64, block_cols=32, seed=10)
 
@@ -65,3 +71,9 @@ def test_dram_bytes_ideal_cache(student, case):
 def test_causal_block_skipping(student, case):
     """Causal: the K/V bytes the replay reads are those of the block pairs that hold an allowed pair, no more, no fewer (§6.2)."""
     C.check_causal_skipping(student, case)
+
+
+@cases(*ON_CHIP)
+def test_on_chip_state_bounded_by_tiles(student, case):
+    """The judge's replay measures what a block keeps on chip: the shared memory it declares and the most per-thread values (registers) a thread holds at once; both stay within FlashAttention's tiles (a Q tile and K/V tiles of B_c keys; a row's acc, m, ℓ and one tile), independent of Nk (§5.1–§5.2)."""
+    C.check_on_chip_state(student, case)

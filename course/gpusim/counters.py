@@ -65,6 +65,9 @@ class LaunchCounters:
         self.write_touched: dict[str, np.ndarray] = {}
         self.races: dict[tuple[str, str, str], dict] = {}
         self.shared_bytes_per_block = 0
+        # The most words of per-thread values live at once in a block: measured only by a replay
+        # (course.gpusim.trace.LiveState); a direct run leaves 0 (the engine does not see registers).
+        self.live_words_per_thread = 0
 
     def line(self, key: str, lineno: int, fname: str) -> dict[str, int]:
         c = self.lines.get(key)
@@ -113,6 +116,7 @@ class LaunchCounters:
         out.update({k: int(v) for k, v in tot.items()})
         out.update(_derived(out, buffers))
         out["shared_bytes_per_block"] = int(self.shared_bytes_per_block)
+        out["live_words_per_thread"] = int(self.live_words_per_thread)
         out["buffers"] = buffers
         out["lines"] = {
             k: {"source": self.sources[k], **{n: int(v) for n, v in c.items() if v}} for k, c in self.lines.items()
@@ -151,18 +155,27 @@ _SUMMED = tuple(LINE_COUNTERS) + (
 ) + tuple(f"dram_{k}bytes_{c}" for k in ("read_", "write_", "") for c in ("no_cache", "ideal_cache"))
 
 
+# Per-block peaks: a report of several launches keeps the largest.
+_PEAKS = ("shared_bytes_per_block", "live_words_per_thread")
+
+
 def merge_stats(stats: list[dict]) -> dict:
     """Sum the plain-data counters of several launches (one report for a multi-kernel algorithm).
 
     Totals, per-buffer and per-line counters are summed (a buffer used by two launches is counted
-    in each, as a real GPU with a cache flushed between kernels would); ``per_launch`` keeps each
-    launch's totals, without its lines and buffers."""
+    in each, as a real GPU with a cache flushed between kernels would); the per-block peaks
+    (``shared_bytes_per_block``, ``live_words_per_thread``) are the largest of any launch;
+    ``per_launch`` keeps each launch's totals, without its lines and buffers."""
     out: dict = {k: 0 for k in _SUMMED}
     out["kernels"], out["buffers"], out["lines"], out["race_reports"], out["per_launch"] = [], {}, {}, [], []
     out["shared_rule"] = stats[0]["shared_rule"] if stats else "course"
+    for k in _PEAKS:
+        out[k] = 0
     for s in stats:
         for k in _SUMMED:
             out[k] += s[k]
+        for k in _PEAKS:
+            out[k] = max(out[k], s.get(k, 0))
         out["kernels"] += s["kernels"]
         out["race_reports"] += s["race_reports"]
         for name, b in s["buffers"].items():

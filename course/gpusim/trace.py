@@ -20,6 +20,10 @@ copied out of a Traced array with float()/.item()/plain index assignment) is the
 into the program as a constant: replayed on other input data it is wrong. That is what the judge
 relies on; it never needs to trust the recording.
 
+What the replay measures that a direct run cannot (the engine never sees register values: they are
+plain numpy arrays of the kernel): ``live_words_per_thread``, the most words of per-thread values
+(registers) live at one time in a thread block, counted in the replay's own values (``LiveState``).
+
 The program is plain data (dicts, lists, ints, floats, strs, torch tensors) for the grader's wire
 protocol. ``replay`` validates it against bounds before and while it runs (events, bytes, work),
 so a hostile program cannot exhaust the judge, and refuses anything malformed with RecordingError.
@@ -453,6 +457,104 @@ def _name(x) -> str:
     return x
 
 
+def _event_refs(ev: list) -> list[int]:
+    """The traced values (ids) an event reads: every ``["t", id]`` operand reference, at any depth
+    (operand lists, keyword dicts, slices, in-place targets). Iterative: a hostile nesting cannot
+    exhaust the stack; its size is bounded by the program text (MAX_BODY_CHARS)."""
+    out, stack = [], list(ev[1:])
+    while stack:
+        x = stack.pop()
+        if type(x) is list:
+            if len(x) == 2 and x[0] == "t" and type(x[1]) is int:
+                out.append(x[1])
+            else:
+                stack.extend(x)
+        elif type(x) is dict:
+            stack.extend(x.values())
+    return out
+
+
+def thread_words(value, lanes: int) -> int:
+    """Words of a per-thread value that ONE thread holds, by the engine's convention (engine.py): the
+    last axis of a per-thread array is the thread when it has one entry per thread (``lanes``);
+    any other array is the same in every thread (a broadcast read, e.g. a (B_c, d) K tile read from
+    shared memory with a uniform index), so each thread holds all of it. Broadcast axes (stride 0,
+    np.broadcast_to) hold no values of their own. A numpy scalar is one word."""
+    if not isinstance(value, np.ndarray):
+        return 1
+    shape, strides = value.shape, value.strides
+    n = 1
+    for i, (s, st) in enumerate(zip(shape, strides)):
+        if i == len(shape) - 1 and s == lanes:
+            continue
+        if st != 0:
+            n *= s
+    return n
+
+
+class LiveState:
+    """The per-thread values live at each point of one thread-block batch, in words per thread.
+
+    A value is live from the instruction that makes it to the last instruction that reads it
+    (read from the batch's events before it runs: ``last_use``). Views (reshape, .T, slices) share
+    their base's registers: the values with one base (followed through ``ndarray.base``) count once,
+    as the largest of them (``thread_words``). ``peak`` is the most words live at one time."""
+
+    def __init__(self, events: list, lanes: int) -> None:
+        self.lanes = lanes
+        self.last_use: dict[int, int] = {}
+        for i, ev in enumerate(events):
+            if type(ev) is list and ev:
+                for tid in _event_refs(ev):
+                    self.last_use[tid] = i
+        self.where: dict[int, int] = {}  # live id -> its base's key
+        self.groups: dict[int, dict[int, int]] = {}  # base key -> {live id: words}
+        self.size: dict[int, int] = {}  # base key -> words (the largest view)
+        self.total = 0
+        self.peak = 0
+        self.ends: dict[int, list[int]] = {}  # event index -> ids whose last use it is
+
+    @staticmethod
+    def _base(value) -> int:
+        b = value
+        while isinstance(b, np.ndarray) and isinstance(b.base, np.ndarray):
+            b = b.base
+        return id(b)
+
+    def _set(self, key: int) -> None:
+        g = self.groups[key]
+        new = max(g.values()) if g else 0
+        self.total += new - self.size.get(key, 0)
+        if g:
+            self.size[key] = new
+        else:
+            del self.groups[key]
+            self.size.pop(key, None)
+
+    def define(self, i: int, tid: int, value) -> None:
+        """Event ``i`` made (or wrote in place) the value ``tid``."""
+        if tid in self.where:  # written in place (out=, or the same id again): same registers
+            self._drop(tid)
+        key = self._base(value)
+        self.where[tid] = key
+        self.groups.setdefault(key, {})[tid] = thread_words(value, self.lanes)
+        self._set(key)
+        self.ends.setdefault(max(i, self.last_use.get(tid, i)), []).append(tid)
+
+    def _drop(self, tid: int) -> None:
+        key = self.where.pop(tid, None)
+        if key is not None:
+            self.groups[key].pop(tid, None)
+            self._set(key)
+
+    def after(self, i: int) -> None:
+        """Event ``i`` is done: note the peak, then free the values it read for the last time."""
+        self.peak = max(self.peak, self.total)
+        for tid in self.ends.pop(i, ()):
+            if self.last_use.get(tid, i) <= i:
+                self._drop(tid)
+
+
 class _Replayer:
     def __init__(self, program: dict, replace: dict[tuple[int, str], np.ndarray]):
         if type(program) is not dict or program.get("format") != FORMAT:
@@ -696,8 +798,12 @@ class _Replayer:
         shared_words = 0
         wheres: list = []
         unrolled = [1]  # per open where(): the unrolled instructions of its mask (leading axes)
+        self._charge(len(events))
+        live = LiveState(events, ctx._Lu)
         try:
-            for ev in events:
+            for i, ev in enumerate(events):
+                if i:
+                    live.after(i - 1)
                 if type(ev) is not list or not ev or type(ev[0]) is not str:
                     raise _fail("a bad event")
                 tag = ev[0]
@@ -710,6 +816,7 @@ class _Replayer:
                     if type(tid) is not int or list(np.shape(res)) != shape:
                         raise RecordingError("the replay of an operation gives another shape than the recording says")
                     env[tid] = res
+                    live.define(i, tid, res)
                     continue
                 if tag == "I":
                     if len(ev) != 4:
@@ -776,6 +883,7 @@ class _Replayer:
                         if type(val) is not int:
                             raise _fail("a bad load result id")
                         env[val] = ctx.load(arr, index, w)
+                        live.define(i, val, env[val])
                     elif tag == "ST":
                         value = self.resolve(val, env)
                         self._charge(int(np.size(value)))
@@ -789,6 +897,8 @@ class _Replayer:
                 raise _fail(f"an unknown event {tag[:8]!r}")
             if wheres:
                 raise _fail("a where() left open")
+            live.after(len(events) - 1)
+            ctx._ctr.live_words_per_thread = max(ctx._ctr.live_words_per_thread, live.peak)
         except (RecordingError, GpuSimError):
             raise
         except (ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError, MemoryError,

@@ -27,6 +27,14 @@ RACES = [
     C.KernelCase(nq=96, nk=200, d=8, block_rows=96, block_cols=16, seed=35),
     C.KernelCase(nq=70, nk=70, d=32, causal=True, block_rows=64, block_cols=16, seed=36),
 ]
+# Long Nk (16 to 64 tiles): a block that keeps every key's K/V or every score of a row on chip
+# exceeds the tile bounds (cases_part3, (d)); ragged, causal with Nq < Nk, several heads, d = 64.
+ON_CHIP = [
+    C.KernelCase(nq=24, nk=1024, d=8, block_rows=8, block_cols=16, seed=38),
+    C.KernelCase(nq=48, nk=777, d=16, causal=True, block_rows=16, block_cols=32, seed=39),
+    C.KernelCase(lead=(2,), nq=40, nk=600, d=8, block_rows=8, block_cols=24, seed=40),
+    C.KernelCase(nq=64, nk=1024, d=64, block_rows=64, block_cols=64, seed=41),
+]
 
 HIDDEN = {
     "test_outputs": OUTPUTS,
@@ -34,5 +42,6 @@ HIDDEN = {
     "test_dram_bytes_ideal_cache": DRAM,
     "test_causal_block_skipping": CAUSAL,
     "test_no_shared_memory_race": RACES,
+    "test_on_chip_state_bounded_by_tiles": ON_CHIP,
     "test_global_memory_only_q_k_v_o_l": [C.KernelCase(lead=(2,), nq=72, nk=72, d=16, block_rows=24, block_cols=24, seed=37)],
 }
