@@ -17,11 +17,12 @@ CACHE = [
     C.CacheCase(chunks=(7, 1), seed=103, dtype="float64"),
 ]
 UNIT = C.UnitCase()
+FULL = C.UnitCase(steps=(3, 2, 3), seed=1)  # fills max_len = 8 exactly: that fits
 
 
 # The cache on its own first, then the model through it: a bug of update shows where it is (the
 # integration tests would report its symptoms: logits off, or update's own overflow error).
-@cases(UNIT, diagnosis=dg.hidden_cache)
+@cases(UNIT, FULL, diagnosis=dg.hidden_cache)
 def test_cache_update_and_length(student, case):
     """KVCache.update appends to one layer and returns its filled prefix as views of one preallocated buffer; length follows layer 0 (§8.2)."""
     C.check_cache_unit(student, case)
