@@ -177,8 +177,8 @@ FORWARD_RUNGS = [
          dict(nq=56, nk=72, bq=32, bk=16, causal=True),
          "causal skipping with ragged blocks and an offset Nk - Nq that is not a multiple of the blocks: the last "
          "visible K/V block of Q block [i0, i1) is the one holding key i1 - 1 + (Nk - Nq)"),
-    Rung("causal, a Q block whose last visible key opens a K/V block (Nq = Nk = 33, blocks 16)",
-         dict(nq=33, nk=33, bq=16, bk=16, causal=True),
+    Rung("causal, Q blocks whose last visible key opens a K/V block (Nq 24, Nk 25, blocks 8)",
+         dict(nq=24, nk=25, bq=8, bk=8, causal=True),
          "the causal end of the K/V loop: the last row of Q block [i0, i1) sees keys up to i1 - 1 + (Nk - Nq), "
          "so loop over the blocks that start below min(Nk, i1 + Nk - Nq) (§6.2); a bound one key short drops "
          "the block that starts at that key"),
