@@ -30,7 +30,7 @@ CAUSAL = [
 # On-chip state: Nk of 16 tiles and more, so that a block that keeps every key's K/V (or every score
 # of a row) on chip exceeds FlashAttention's tile bounds (cases_part3, (d)); causal with Nq < Nk.
 ON_CHIP = [
-    C.KernelCase(nq=32, nk=1024, d=8, block_rows=16, block_cols=16, seed=12),
+    C.KernelCase(nq=32, nk=256, d=8, block_rows=16, block_cols=16, seed=12),
     C.KernelCase(nq=64, nk=512, d=16, causal=True, block_rows=32, block_cols=32, seed=13),
 ]
 # Races need >= 2 warps per block and >= 2 K/V blocks.

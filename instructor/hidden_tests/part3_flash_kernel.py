@@ -30,9 +30,9 @@ RACES = [
 # Long Nk (16 to 64 tiles): a block that keeps every key's K/V or every score of a row on chip
 # exceeds the tile bounds (cases_part3, (d)); ragged, causal with Nq < Nk, several heads, d = 64.
 ON_CHIP = [
-    C.KernelCase(nq=24, nk=1024, d=8, block_rows=8, block_cols=16, seed=38),
+    C.KernelCase(nq=24, nk=272, d=8, block_rows=8, block_cols=16, seed=38),
     C.KernelCase(nq=48, nk=777, d=16, causal=True, block_rows=16, block_cols=32, seed=39),
-    C.KernelCase(lead=(2,), nq=40, nk=600, d=8, block_rows=8, block_cols=24, seed=40),
+    C.KernelCase(lead=(2,), nq=40, nk=400, d=8, block_rows=8, block_cols=24, seed=40),
     C.KernelCase(nq=64, nk=1024, d=64, block_rows=64, block_cols=64, seed=41),
 ]
 
