@@ -451,6 +451,14 @@ def _out_folder(out: Path) -> Path:
     return out
 
 
+
+def _cannot_write(out: Path, e: OSError, state: str) -> SystemExit:
+    """The one line for an --out the release cannot be written to; `state` says what is in --out now."""
+    where = f" ({e.filename})" if e.filename else ""
+    return SystemExit(f"error: cannot write the release to {out}: {e.strerror or e}{where}; choose an --out in a "
+                      f"folder you can write to, with free space, then run again ({state})")
+
+
 def build(out: Path) -> dict:
     """Write the release into `out` and scan it. `out` may be absent, empty, hold only a `.git`, or
     be a previous release (then the files it wrote are replaced and nothing else is touched).
@@ -476,10 +484,7 @@ def build(out: Path) -> dict:
             staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.release-staging-", dir=out.parent))
             _write_release(staging, files, sources, generated)
         except OSError as e:
-            where = f" ({e.filename})" if e.filename else ""
-            raise SystemExit(f"error: cannot write the release to {out}: {e.strerror or e}{where}; choose an --out in "
-                             "a folder you can write to, with free space, then run again (nothing in --out was "
-                             "changed)") from None
+            raise _cannot_write(out, e, "nothing in --out was changed") from None
         problems, counts = scan_report(staging, kept=out, replaced=set(previous or []) | set(files))
         if problems:
             more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -491,10 +496,7 @@ def build(out: Path) -> dict:
         try:
             _move_into_place(staging, out, previous, files)
         except OSError as e:
-            where = f" ({e.filename})" if e.filename else ""
-            raise SystemExit(f"error: cannot write the release to {out}: {e.strerror or e}{where}; choose an --out in "
-                             "a folder you can write to, with free space, then run again (any files moved there so "
-                             "far stay there)") from None
+            raise _cannot_write(out, e, "any files moved there so far stay there") from None
         placed = True
     finally:
         if staging is not None:
