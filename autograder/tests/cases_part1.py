@@ -540,7 +540,7 @@ def expected_passes(which: str, passes: list[list[float]]) -> torch.Tensor:
     naive   exp(x2_j) / Σ exp(x1);
     safe    exp(x3_j - m) / Σ exp(x2 - m), m = max x1;
     online  exp(x2_j - m) / ℓ, (m, ℓ) the summary of x1 (§4.1-§4.3)."""
-    xs = [torch.tensor(p, dtype=torch.float64) for p in passes]
+    xs = [torch.as_tensor(p, dtype=torch.float64) for p in passes]
     if which == "naive":
         return torch.exp(xs[1]) / torch.exp(xs[0]).sum()
     m = xs[0].max()
