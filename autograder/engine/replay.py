@@ -199,11 +199,23 @@ class Replayed:
     new_storage_of: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> bytes of its new storage
     prepared: list = field(default_factory=list, repr=False)  # the checked ops (for the twin)
     shapes: list = field(default_factory=list, repr=False)  # per op: its output's shape(s), for the twin
+    # cumulative, before each op (like flops_at): 2 per output element of the floating elementwise ops
+    # (OUTER_OPS) with two or more operands of several values each, not counted as matmul FLOPs
+    pairwise_at: list[int] = field(default_factory=list, repr=False)
 
     def flops_between(self, start: int, end: int | None = None) -> int:
         """Matmul FLOPs of ops [start, end)."""
         end = len(self.flops_at) - 1 if end is None else end
         return self.flops_at[end] - self.flops_at[start]
+
+    def pairwise_between(self, start: int, end: int | None = None) -> int:
+        """2 per output element of the elementwise ops of [start, end) that combine two tensors of data
+        (`pairwise_at`): work no matmul count sees (a matmul written as a multiply and a sum, column by
+        column, pays here)."""
+        if not self.pairwise_at:
+            return 0
+        end = len(self.pairwise_at) - 1 if end is None else end
+        return self.pairwise_at[end] - self.pairwise_at[start]
 
     def new_storage_shapes(self) -> list[tuple[int, ...]]:
         """Shapes of the tensors that first showed each new storage (inputs' storages excluded)."""
@@ -929,6 +941,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     counts: dict[str, int] = {}
     flops: Counter[str] = Counter()
     flops_at = [0]
+    pairwise_at, pairwise = [0], 0
     largest = {"bytes": 0, "op": "", "shape": [], "dtype": ""}
     bcast_elems = bcast_ops = 0
     producer: dict[int, int] = {}
@@ -956,6 +969,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                 total += cost[1]
             counts[name] = counts.get(name, 0) + 1
             flops_at.append(total)
+            pairwise_at.append(pairwise)
             got = [result] if type(result) is Tensor else tree_flatten(result)[0]
             if type(result) is Tensor:
                 if result.dtype not in _DTYPE_NAME:
@@ -1024,6 +1038,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
             if info.outer and got and isinstance(got[0], Tensor) and (
                     got[0].is_floating_point() or (derived and got[0].dtype != torch.bool)):
                 n_out = got[0].numel()
+                counted = total
                 # the operands that carry data (a one-element tensor is a number), each with how many
                 # distinct values it holds (followed back through copies: a contiguous() expand
                 # still holds what was expanded); integer products count operands of data only
@@ -1069,6 +1084,10 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         flops[name] += 2 * n_out
                         total += 2 * n_out
                         flops_at[-1] = total
+                if total == counted and got[0].is_floating_point() and sum(
+                        1 for x, _ in pairs if isinstance(x, Tensor) and _effective_numel(x) > 1) >= 2:
+                    pairwise += 2 * n_out
+                    pairwise_at[-1] = pairwise
     result = _dec(record["result"], env) if record["result"] is not None else None
     consts = [t for r, t in base.items() if r in const_refs]
     readers: dict[int, list[int]] = {}
@@ -1082,7 +1101,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                     constants=len(consts), constant_elements=sum(t.numel() for t in consts), upcasts=upcasts,
                     marks=_marks(record.get("marks"), len(prepared)), env=env,
                     inputs=[env[i] for i in range(int(record["inputs"]))], producer=producer, readers=readers,
-                    new_storage_of=new_storage_of, prepared=prepared, shapes=shapes)
+                    new_storage_of=new_storage_of, prepared=prepared, shapes=shapes, pairwise_at=pairwise_at)
 
 
 def _shapes(got: list) -> tuple:

@@ -306,6 +306,7 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
     check_trace_common(trace, fn="flash_forward", nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize,
                        inputs=inputs, upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
     check_key_extents(rp, case, fn="flash_forward", inputs=inputs)
+    check_no_hand_made_products(rp, "flash_forward", inputs)
     if matmul_flops_defined(case):
         expected, full = forward_flops(case), forward_flops(case, causal=False)
         pairs = len(block_pairs(case.nq, case.nk, case.causal, case.block_q, case.block_k))
@@ -409,10 +410,12 @@ class Sides:
     """What each tensor of a replay derives from (QUERY_SIDE / KEY_SIDE / VALUE_SIDE bits), followed op
     by op from `sides` (input ref -> bits; default the forward's q, k, v) with `step`. Followed per
     storage too: data written in place into a buffer (copy_, index_put_, slice assignment) reaches
-    every view of it, also one taken before the write."""
+    every view of it, also one taken before the write. With `data_only`, ops whose values come from
+    shapes and numbers (ones_like, new_zeros, arange: replay._SHAPE_ONLY) pass on no side: positions
+    counted by a cumsum of ones_like(q) derive from no data."""
 
-    def __init__(self, rp: replay.Replayed, sides: dict[int, int] | None = None) -> None:
-        self.rp = rp
+    def __init__(self, rp: replay.Replayed, sides: dict[int, int] | None = None, data_only: bool = False) -> None:
+        self.rp, self.data_only = rp, data_only
         self.mask = dict(FORWARD_SIDES if sides is None else sides)
         self.storage: dict[int | None, int] = {}
         self._pointer: dict[int, int | None] = {}
@@ -434,6 +437,8 @@ class Sides:
         return self.mask.get(ref, 0) | (self.storage.get(st, 0) if st is not None else 0)
 
     def step(self, op: Any) -> None:
+        if self.data_only and op.info.kind in replay._SHAPE_ONLY:
+            return
         m = 0
         for ref in op.reads:
             m |= self.of(ref)
@@ -497,6 +502,67 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
         if batch > 1:
             found.append(Extent(f"the batched matmul {op.info.short}", index, batch, "batch"))
     return found
+
+
+class HandMade(NamedTuple):
+    index: int  # the op in the replay
+    op: str
+    shapes: tuple[tuple[int, ...], tuple[int, ...]]  # a query-side operand's shape, a key/value-side one's
+
+
+def hand_made_products(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[HandMade]:
+    """The elementwise ops (replay.OUTER_OPS: mul, add, maximum, ...) that combine data made from the query
+    side only with data made from the key or value side only (Sides of data, from `sides`). A correct program
+    meets q with k and v in matmuls only (S = Q·Kᵀ, dP = dO·Vᵀ; what follows mixes their results); the
+    same product written elementwise (q_i * k summed over d, a row of scores a multiply and a sum) is a
+    matmul whose FLOPs no rule counts. Exempt: a mul that is an outer product over a dim of extent 1 in
+    both (a contraction of length one, as einsum lowers it: the replay counts its FLOPs)."""
+    Q, KV = QUERY_SIDE, KEY_SIDE | VALUE_SIDE
+    sd = Sides(rp, sides, data_only=True)
+    found: list[HandMade] = []
+    for index, op in enumerate(rp.prepared):
+        name = op.info.short.removesuffix("_")
+        if name in replay.OUTER_OPS and not op.info.view:
+            q_only = kv_only = None
+            tensors = []
+            for ref in op.reads:
+                t = rp.env.get(ref)
+                if not isinstance(t, torch.Tensor) or replay._effective_numel(t) <= 1:
+                    continue  # a number
+                tensors.append(t)
+                bits = sd.of(ref)  # before the op writes (an in-place mul_ mixes its operands' sides)
+                if bits & Q and not bits & KV:
+                    q_only = q_only if q_only is not None else tuple(t.shape)
+                elif bits & KV and not bits & Q:
+                    kv_only = kv_only if kv_only is not None else tuple(t.shape)
+            if q_only is not None and kv_only is not None:
+                out = rp.env.get(op.leaves[0]) if op.leaves and type(op.leaves[0]) is int else None
+                over_one = name == "mul" and len(tensors) == 2 and isinstance(out, torch.Tensor) and \
+                    liveness._outer_over_one(tensors, tuple(out.shape))
+                if not over_one:
+                    found.append(HandMade(index, op.info.short, (q_only, kv_only)))
+        sd.step(op)
+    return found
+
+
+HINT_HAND_MADE = ("multiply q with k (and P̃ or dO with v) only in matmuls on tiles: S = Q_i K_jᵀ, P̃ V_j, dP = dO V_jᵀ "
+                  "with @ / torch.matmul (§5.1, §7.2); an elementwise product of query-side and key-side data (a "
+                  "broadcast multiply + sum, a row of q times k summed over d) is a matmul written by hand, and the "
+                  "FLOP and tile rules count matmuls")
+
+
+def check_no_hand_made_products(rp: replay.Replayed, fn: str, inputs: dict,
+                                sides: dict[int, int] | None = None) -> None:
+    """hand_made_products finds nothing: query-side and key-side data meet in matmuls only."""
+    found = hand_made_products(rp, sides)
+    if not found:
+        return
+    h = found[0]
+    check(False, what=f"{fn} multiplies query-side with key-side data in matmuls only",
+          detail=(f"op {h.index} of the call ({h.op}) combines a {h.shapes[0]} tensor made from the query side only "
+                  f"with a {h.shapes[1]} tensor made from k or v only, element by element"
+                  + (f" ({len(found)} such ops)" if len(found) > 1 else "")),
+          hint=HINT_HAND_MADE, inputs=inputs)
 
 
 def forward_peak_bound(case: AttnCase) -> int:

@@ -41,9 +41,9 @@ from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
 from . import liveness
-from .cases_part2 import (KEY_SIDE, QUERY_SIDE, VALUE_SIDE, AttnCase, check_key_extents, check_tiles_live,
-                          check_trace_common, close_or_diagnose, dead_flops, forward_flops, matmul_flops_defined,
-                          separates)
+from .cases_part2 import (KEY_SIDE, QUERY_SIDE, VALUE_SIDE, AttnCase, check_key_extents, check_no_hand_made_products,
+                          check_tiles_live, check_trace_common, close_or_diagnose, dead_flops, forward_flops,
+                          matmul_flops_defined, separates)
 
 HINT_BWD_FEWER = ("fewer matmul FLOPs than 2.5× the forward: per visible (Q block, K/V block) pair the backward "
                   "does 5 tile matmuls, S = scale·Q Kᵀ (recomputed), dV += Pᵀ dO, dP = dO Vᵀ, dQ += dS K, "
@@ -166,6 +166,7 @@ def replayed_backward(student, case: AttnCase):
 
 # flash_backward(q, k, v, o, lse, dO): what each input of its record derives from, for the key extents
 BACKWARD_SIDES = {0: QUERY_SIDE, 1: KEY_SIDE, 2: VALUE_SIDE, 3: QUERY_SIDE, 4: QUERY_SIDE, 5: QUERY_SIDE}
+FUNCTION_SIDES = {0: QUERY_SIDE, 1: KEY_SIDE, 2: VALUE_SIDE, 3: QUERY_SIDE}  # a Function's record: q, k, v, dO
 # ... and what numbers its rows, for liveness.pair_keys: q, o, dO (dim -2) and lse (dim -1) by query, k and v by key
 Q_, K_ = liveness.QUERY, liveness.KEY
 BACKWARD_ROWS = {0: (Q_, -2), 1: (K_, -2), 2: (K_, -2), 3: (Q_, -2), 4: (Q_, -1), 5: (Q_, -2)}
@@ -194,6 +195,7 @@ def check_backward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dic
                        upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
     if sides is not None:
         check_key_extents(rp, case, fn=fn, inputs=inputs, sides=sides, hint=HINT_BACKWARD_PANEL)
+    check_no_hand_made_products(rp, fn, inputs, sides or FUNCTION_SIDES)
     if matmul_flops_defined(case):
         got = liveness.live_matmul_flops(rp, start)
         fewest, most = backward_flops_bounds(case)

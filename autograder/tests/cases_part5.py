@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -240,25 +242,48 @@ def call_flops_bound(c: int, max_len: int, batch: int = 1) -> int:
     return batch * c * (per_token + cfg.n_layers * 4 * cfg.d_model * max_len) + rope
 
 
+def pairwise_allowance(c: int, max_len: int, batch: int = 1) -> int:
+    """Most elementwise work (replay.Replayed.pairwise_between: 2 per output element of an op that
+    combines two tensors of data) of one forward_with_cache call on c new tokens besides its matmuls,
+    for a block written out op by op: per new token and layer RMSNorm twice (x·x, x·r, ·w: 6·d), RoPE on
+    q and k (6·d), the residual adds (2·d), SwiGLU's product (d_ff), a softmax written out (4 per key and
+    head); the final RMSNorm; allowed twice over: 2·2·(16·d + d_ff + 4·H·max_len) per token and layer.
+    A recompute through such ops (a matmul as a multiply and a sum, column by column) costs the cached
+    tokens' projections, far above it."""
+    cfg = model().config
+    per_layer = 16 * cfg.d_model + cfg.d_ff + 4 * cfg.n_heads * max_len
+    return 4 * batch * c * (cfg.n_layers * per_layer + 3 * cfg.d_model)
+
+
 def check_call_flops(rp: replay.Replayed, sizes: list[int], max_len: int, batch: int, inputs: dict) -> None:
-    """Each recorded forward_with_cache call (between "call" marks) within call_flops_bound."""
+    """Each recorded forward_with_cache call (between "call" marks) within call_flops_bound, its matmul
+    FLOPs with its elementwise work (pairwise_allowance more): work is counted whatever op does it."""
     marks = rp.marks.get("call", [])
     check(len(marks) == len(sizes) + 1, what="the record marks every forward_with_cache call",
           detail=f"{len(marks)} marks for {len(sizes)} calls", hint=HINT_CACHE, inputs=inputs)
     start = 0
     for j, c in enumerate(sizes):
-        got, most = rp.flops_between(marks[j], marks[j + 1]), call_flops_bound(c, max_len, batch)
-        check(got <= most, what=f"call {j} (tokens {start}..{start + c - 1}) computes only its {c} new token(s) "
-                                "against the cache (no recompute)",
-              detail=f"{got:,} matmul FLOPs; {c} new token(s) with a cache of {max_len} need at most {most:,}; "
-                     f"recomputing all {start + c} tokens would cost about {call_flops_bound(start + c, max_len, batch):,}",
+        flops, pairwise = rp.flops_between(marks[j], marks[j + 1]), rp.pairwise_between(marks[j], marks[j + 1])
+        most, extra = call_flops_bound(c, max_len, batch), pairwise_allowance(c, max_len, batch)
+        check(flops <= most and flops + pairwise <= most + extra,
+              what=f"call {j} (tokens {start}..{start + c - 1}) computes only its {c} new token(s) "
+                   "against the cache (no recompute)",
+              detail=f"{flops:,} matmul FLOPs and {pairwise:,} of elementwise work; {c} new token(s) with a cache of "
+                     f"{max_len} need at most {most:,} and {extra:,} more; recomputing all {start + c} tokens would "
+                     f"cost about {call_flops_bound(start + c, max_len, batch):,}",
               hint=HINT_RECOMPUTE, inputs=inputs)
         start += c
-    total = sum(call_flops_bound(c, max_len, batch) for c in sizes)  # the marks come from the worker: whole program too
-    check(rp.matmul_flops <= total, what="forward_with_cache computes only the new tokens against the cache (no "
-                                         "recompute)", detail=f"{rp.matmul_flops:,} matmul FLOPs in all calls; the new "
-                                                              f"tokens with the cache need at most {total:,}",
+    # the marks come from the worker: the whole program too
+    total = sum(call_flops_bound(c, max_len, batch) for c in sizes)
+    extra = sum(pairwise_allowance(c, max_len, batch) for c in sizes)
+    pairwise = rp.pairwise_between(0)
+    check(rp.matmul_flops <= total and rp.matmul_flops + pairwise <= total + extra,
+          what="forward_with_cache computes only the new tokens against the cache (no recompute)",
+          detail=f"{rp.matmul_flops:,} matmul FLOPs and {pairwise:,} of elementwise work in all calls; the new tokens "
+                 f"with the cache need at most {total:,} and {extra:,} more",
           hint=HINT_RECOMPUTE, inputs=inputs)
+    if os.environ.get("PAIRWISE_DEBUG"):
+        open("/tmp/pairwise.log", "a").write(f"CALL {pairwise} {extra} {rp.matmul_flops} {total}\n")
 
 
 @torch.no_grad()
@@ -509,6 +534,12 @@ def generate_flops_bound(prompt_len: int, batch: int, max_new_tokens: int) -> in
     return call_flops_bound(prompt_len, max_len, batch) + max_new_tokens * call_flops_bound(1, max_len, batch)
 
 
+def generate_pairwise_allowance(prompt_len: int, batch: int, max_new_tokens: int) -> int:
+    """pairwise_allowance of the calls of a cached generate (as generate_flops_bound counts them)."""
+    max_len = prompt_len + max_new_tokens
+    return pairwise_allowance(prompt_len, max_len, batch) + max_new_tokens * pairwise_allowance(1, max_len, batch)
+
+
 def replayed_generations(student, prompts: list[list[int]], groups: list[list[int]], max_new_tokens: int,
                          use_cache: bool, what: str, dtype: str = "float32",
                          twin_seed: int = 0) -> tuple[list[list[list[int]]], list[list[list[int]]]]:
@@ -545,16 +576,23 @@ def replayed_generations(student, prompts: list[list[int]], groups: list[list[in
               detail=f"expected a ({b}, {t0} + {max_new_tokens}) long tensor for a batch of {b} prompts of {t0} tokens, "
                      f"got {_describe(got)}", hint=HINT_GENERATE)
         if use_cache:
-            most = generate_flops_bound(t0, b, max_new_tokens)
-            used = rp.flops_between(marks[n], marks[n + 1])
-            check(used <= most, what=what + ": the cache is used (no recompute of earlier tokens)",
-                  detail=f"{used:,} matmul FLOPs for a batch of {b} prompts of {t0} tokens; a cached generate needs "
-                         f"at most {most:,}", hint=HINT_RECOMPUTE)
+            most, extra = generate_flops_bound(t0, b, max_new_tokens), generate_pairwise_allowance(t0, b, max_new_tokens)
+            used, pairwise = rp.flops_between(marks[n], marks[n + 1]), rp.pairwise_between(marks[n], marks[n + 1])
+            check(used <= most and used + pairwise <= most + extra,
+                  what=what + ": the cache is used (no recompute of earlier tokens)",
+                  detail=f"{used:,} matmul FLOPs and {pairwise:,} of elementwise work for a batch of {b} prompts of "
+                         f"{t0} tokens; a cached generate needs at most {most:,} and {extra:,} more",
+                  hint=HINT_RECOMPUTE)
     if use_cache:  # the marks come from the worker: the whole program is bounded too, whatever they say
         most = sum(generate_flops_bound(x.shape[1], x.shape[0], max_new_tokens) for x in xs)
-        check(rp.matmul_flops <= most, what=what + ": the cache is used (no recompute of earlier tokens)",
-              detail=f"{rp.matmul_flops:,} matmul FLOPs in all; cached generates need at most {most:,}",
-              hint=HINT_RECOMPUTE)
+        extra = sum(generate_pairwise_allowance(x.shape[1], x.shape[0], max_new_tokens) for x in xs)
+        pairwise = rp.pairwise_between(0)
+        check(rp.matmul_flops <= most and rp.matmul_flops + pairwise <= most + extra,
+              what=what + ": the cache is used (no recompute of earlier tokens)",
+              detail=f"{rp.matmul_flops:,} matmul FLOPs and {pairwise:,} of elementwise work in all; cached generates "
+                     f"need at most {most:,} and {extra:,} more", hint=HINT_RECOMPUTE)
+        if os.environ.get("PAIRWISE_DEBUG"):
+            open("/tmp/pairwise.log", "a").write(f"GEN {pairwise} {extra} {rp.matmul_flops} {most}\n")
     return [r.tolist() for r in res], [w.tolist() for w in want]
 
 

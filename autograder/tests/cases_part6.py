@@ -34,7 +34,7 @@ from course.reference import attention_plain, attention_reference
 from . import diagnose as dg
 from . import liveness
 from . import probes as pb
-from .cases_part2 import (DTYPES, check_no_hidden_matmul, check_tiles_live, close_or_diagnose, dead_flops,
+from .cases_part2 import (DTYPES, check_no_hand_made_products, check_no_hidden_matmul, check_tiles_live, close_or_diagnose, dead_flops,
                           scores_like_shapes)
 
 HINT_VIEWS = ("split_kv must return views of k and v (slicing or torch.tensor_split), not copies: Flash-Decoding "
@@ -259,6 +259,7 @@ def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tenso
     """The replayed flash_decode: input dtype, FLOPs within decode_flops_bounds, split attention."""
     check_no_upcast(rp, q, "flash_decode", inputs)
     check_no_hidden_matmul(rp.broadcast_product_elems, "flash_decode", inputs)
+    check_no_hand_made_products(rp, "flash_decode", inputs)
     low, high = decode_flops_bounds(case)
     got = liveness.live_matmul_flops(rp)
     hint = HINT_DECODE_FLOPS

@@ -25,7 +25,8 @@ their reads and outputs, the tensors of the replay and their storages):
   tiles kept for later, span more.
 
 What the tags cannot see, by construction (a reduction must leave reduced tags, or the row max of a tile
-would be a tile): scores laundered through a reduction that loses nothing (a sum over a dim of one), mixed
+would be a tile): scores of one key laundered through a reduction that loses nothing (a sum over a dim of
+one; over data of several keys, or of none, such a reduction is a copy: _combines_nothing), mixed
 elementwise with a reduced tensor of their own shape, or packed two keys to an element by arithmetic; and
 an invertible transform along the keys done as a matmul (whose FLOPs the FLOP rules count). The peak of
 live data made from q and k (a measure of memory, blind to all tags) backs them where the shapes separate.
@@ -288,6 +289,20 @@ def _reduce(t: torch.Tensor, dims: list[int], keepdim: bool, keep: bool = True) 
 
 
 _BIG = 2**30
+
+
+def _combines_nothing(t: torch.Tensor, dims: list[int]) -> bool:
+    """Whether a reduction over `dims` of tags t is a copy: each output element reduces elements that all
+    carry its one tag (a dim of one, an expanded or repeated copy, a sum over the head dim of data indexed
+    by (query, key)), and t holds no key or several keys. A sum over an unsqueezed dim must not launder q,
+    k or a tile of scores; but the row max of a one-key tile or segment (a ragged last tile, a one-key
+    segment of a decode) is a statistic, as of any tile, so data of one key stays reduced (scores put
+    together one key at a time remain the storage and peak rules' to see: module docstring)."""
+    if not dims or t.numel() == 0 or not bool((t.amax(dims) == t.amin(dims)).all()):
+        return False
+    key = t[..., KEY]
+    ids = key[key >= 2]
+    return ids.numel() == 0 or bool(ids.amin() != ids.amax())
 
 
 def _reduce_all(t: torch.Tensor) -> torch.Tensor:
@@ -623,12 +638,12 @@ class _TagReplay:
                 size = list(args.get("size") or [])
                 lead = nd - len(size)
                 dims = list(range(lead)) + [lead + i for i, n in enumerate(size) if n == 1 and src.shape[lead + i] != 1]
-                red = _reduce(tv, dims, True, keep=False)
+                red = _reduce(tv, dims, True, keep=_combines_nothing(tv, dims))
                 return [red.reshape(*outs[0].shape, 2)]
             if kind == "softmax" or short == "cumsum":  # the shape stays: P = softmax(S) is S's (query, key)
                 return [tv]
             dims = _dims(args.get("dim"), nd)
-            red = _reduce(tv, dims, bool(args.get("keepdim", False)), keep=False)
+            red = _reduce(tv, dims, bool(args.get("keepdim", False)), keep=_combines_nothing(tv, dims))
             return [red.reshape(*t.shape, 2) for t in outs]
         if kind == "matmul":
             return [self._matmul(short, a, kw)]
