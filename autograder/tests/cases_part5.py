@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -282,8 +280,6 @@ def check_call_flops(rp: replay.Replayed, sizes: list[int], max_len: int, batch:
           detail=f"{rp.matmul_flops:,} matmul FLOPs and {pairwise:,} of elementwise work in all calls; the new tokens "
                  f"with the cache need at most {total:,} and {extra:,} more",
           hint=HINT_RECOMPUTE, inputs=inputs)
-    if os.environ.get("PAIRWISE_DEBUG"):
-        open("/tmp/pairwise.log", "a").write(f"CALL {pairwise} {extra} {rp.matmul_flops} {total}\n")
 
 
 @torch.no_grad()
@@ -591,8 +587,6 @@ def replayed_generations(student, prompts: list[list[int]], groups: list[list[in
               what=what + ": the cache is used (no recompute of earlier tokens)",
               detail=f"{rp.matmul_flops:,} matmul FLOPs and {pairwise:,} of elementwise work in all; cached generates "
                      f"need at most {most:,} and {extra:,} more", hint=HINT_RECOMPUTE)
-        if os.environ.get("PAIRWISE_DEBUG"):
-            open("/tmp/pairwise.log", "a").write(f"GEN {pairwise} {extra} {rp.matmul_flops} {most}\n")
     return [r.tolist() for r in res], [w.tolist() for w in want]
 
 
