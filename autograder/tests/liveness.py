@@ -825,11 +825,13 @@ class _TagReplay:
         return None
 
 
-def follow(tr: _TagReplay, seconds: float, live: list[bool] | None = None) -> Iterator[tuple[int, Any]]:
+def follow(tr: _TagReplay, seconds: float, live: list[bool] | None = None,
+           before: Any = None) -> Iterator[tuple[int, Any]]:
     """Step the tag replay `tr` through its program: yields (index, op) after each op's step (views and .item()
-    are not stepped; with `live`, only the ops whose results reach the call's result are), and after the caller
-    is done with it releases the storages that no later op reads. Stops early, with tr.unfollowed set, past
-    `seconds` of the judge's time or when the tags cannot follow the program."""
+    are not stepped; with `live`, only the ops whose results reach the call's result are; `before(index, op)`
+    runs just before a step), and after the caller is done with it releases the storages that no later op
+    reads. Stops early, with tr.unfollowed set, past `seconds` of the judge's time or when the tags cannot
+    follow the program."""
     rp, lives = tr.rp, tr.lives
     deadline = time.perf_counter() + seconds
     dies: dict[int, list[int]] = {}  # op -> the storages no op after it reads
@@ -844,6 +846,8 @@ def follow(tr: _TagReplay, seconds: float, live: list[bool] | None = None) -> It
                 return
             stepped = not (op.info.view or op.info.scalar_out) and (live is None or live[index])
             if stepped:
+                if before is not None:
+                    before(index, op)
                 tr.step(index, op)
             yield index, op
             for ptr in dies.pop(index, ()):
