@@ -35,8 +35,8 @@ tree of §4.4 (Flash-Decoding's final merge) reaches exactly N/2 at its root: (m
 columns, merged left to right, right to left or as a balanced tree, pass; the whole row at once (N − 1 or N)
 fails, as does any merge in which a summary absorbs more than half a row read after it (a right fold over
 summaries all computed first: that is "keep everything, combine at the end", the dense ⊕ of N one-column
-summaries by other means). The designated inputs have N = 64 and 80 (the checks of cases_part1), so tiles of
-8, 16 and 32 pass in both, and N // 2 stays far from N − 1.
+summaries by other means). The designated inputs have N >= 64 (cases_part1.STREAM: 64), so tiles of 8, 16
+and 32 pass, and N // 2 stays far from the N − 1 of a dense pass.
 
 The normalising pass of online_softmax reads x again after its summary is complete: exp(x_c − m) / ℓ
 combines column c with a max of every column (ahead up to N − 1). That is allowed for a RAW column (an
