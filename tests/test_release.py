@@ -407,7 +407,8 @@ def test_the_classroom_workflow_reports_points_per_part_and_its_commands_run(rel
 # ---------------------------------------------------------------------------------------------------
 # No working ⊕ ships: the judge-side part-1 code must not hand students merge_summary / merge_partial.
 
-SHIPPED_JUDGE_MODULES = ("autograder.tests.cases_part1", "autograder.tests.probes", "autograder.tests.diagnose")
+SHIPPED_JUDGE_MODULES = ("autograder.tests.cases_part1", "autograder.tests.probes", "autograder.tests.diagnose",
+                         "autograder.tests.streaming")
 
 
 class _Direct:

@@ -7,6 +7,12 @@ Checked three ways:
     associative (hypothesis draws rows of scores, the judge summarises them, the student merges the
     summaries, in both orders and both groupings); rows scaled ×40 or
     shifted by +1000 do not overflow in the safe and online softmax; an all -inf row gives zeros;
+(b') one streaming pass (§4.3): online_summary, and online_softmax's summary, must read x's columns in ONE
+    pass: streaming.column_order follows, in the judge's replay, which columns every value depends on and
+    bounds what an op folds in at once by N/2 columns (a tile of at most half the row; the whole row at
+    once, or a second pass that combines column 0 with a max of all columns, fails). It runs on one
+    designated input per test set (STREAM here; the hidden cases name theirs), once per submission
+    (cached by its text), and every case of those tests checks that verdict after its values;
 (c) counters, judge-side: the *_counted softmaxes read their input 2 / 3 / 2 times, counted BY THE
     JUDGE as the input elements it had to deliver (the values stay in the judge; the worker's counter
     asks for each block of 256 as it is read: scenarios/part1.py), and each pass computes from what it
@@ -39,6 +45,7 @@ here may sum sequentially, so part 1 uses rigorous rounding bounds instead, and 
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,6 +58,7 @@ from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close, join_hints, unpack
 
 from . import probes as pb
+from . import streaming
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 FN = "online_softmax"
@@ -65,6 +73,11 @@ HINTS = {
     "summary_m": "m is the running maximum over the columns; an empty or all -inf row keeps m = -inf (§4.3)",
     "summary_l": "ℓ = Σ_j exp(x_j - m) with the FINAL max m, kept in one pass: when the running max grows, "
                  "ℓ is rescaled by exp(m_old - m_new) (§4.3)",
+    "stream": "one streaming pass: keep the running (m, ℓ) of the columns read so far and fold each column x[..., j] "
+              "into it (or a tile of at most N/2 columns, its summary merged with ⊕), rebasing ℓ by exp(m_old - m_new) "
+              "(§4.3, §4.4); the row max first and then Σ exp(x - m) reads x twice",
+    "stream_softmax": "online_softmax takes (m, ℓ) from ONE streaming pass (online_summary, §4.3), then normalises "
+                      "exp(x - m) / ℓ; it makes no other max or sum of x",
     "summary_no_shift": "ℓ is Σ_j exp(x_j) without the max shift: ℓ = Σ_j exp(x_j - m) is relative to the running "
                         "max m, every term <= 1 (§4.3)",
     "merge": "⊕ rebases both sides on m = max(m_a, m_b): ℓ = ℓ_a·exp(m_a - m) + ℓ_b·exp(m_b - m) (§4.4)",
@@ -107,6 +120,7 @@ class RowsCase:
     mult: float = 1.0  # ×40: peaked rows
     shift: float = 0.0  # +1000: exp(x) overflows unless the max is subtracted
     neg_inf: str = ""  # "" | "some": random -inf entries (column 0 stays finite) | "rows": whole rows -inf
+    stream: "RowsCase | None" = None  # the one-pass check's designated input (check_streams; None: STREAM)
 
     @property
     def id(self) -> str:
@@ -145,6 +159,11 @@ class RowsCase:
 
     def x(self) -> torch.Tensor:
         return self.x64().to(self.torch_dtype)
+
+
+# The designated input of the one-pass check (streaming.column_order) for the public cases: rows of 64
+# columns, so that tiles of 8, 16 and 32 pass and a dense pass (63 or 64 columns at once) is far above N/2.
+STREAM = RowsCase((2, 3, 64), "float32", seed=30)
 
 
 @dataclass(frozen=True)
@@ -301,6 +320,8 @@ def check_softmax(student, fn: str, case: RowsCase) -> None:
     with probed(lambda: pb.softmax_ladder(student, fn)):
         check_close(out, ref_softmax(case.x64()), what=f"{fn}(x) against float64 softmax over the last dim",
                     inputs={"x": x}, rtol=softmax_rtol(x.shape[-1], x.dtype), hint=HINTS[fn], dtype=x.dtype)
+    if fn == "online_softmax":
+        check_streams(student, fn, case)
 
 
 def check_summary(student, case: RowsCase) -> None:
@@ -314,6 +335,7 @@ def check_summary(student, case: RowsCase) -> None:
         n = x.shape[-1]
         check_close(l, l_ref, what="ℓ of online_summary(x) against float64 Σ_j exp(x_j - m)", inputs={"x": x},
                     atol=0.0, rtol=tol.summary_rtol(n, x.dtype), hint=HINTS["summary_l"], dtype=x.dtype)
+    check_streams(student, "online_summary", case)
 
 
 def _merge_case(case: MergeCase, with_v: bool):
@@ -324,6 +346,47 @@ def _merge_case(case: MergeCase, with_v: bool):
     a, b = split_summaries(x, v, case.split, dt)
     xt, vt = twin_data(x, v, dt, seed=case.rows.seed + 2000)
     return x, v, (a, b), whole(x, v), (split_summaries(xt, vt, case.split, dt), whole(xt, vt))
+
+
+# (submission text digest, function, designated input) -> streaming.Order
+_ORDERS: dict[tuple[str, str, str], streaming.Order] = {}
+_ORDERS_SIZE = 16
+
+
+def stream_order(student, fn: str, designated: RowsCase) -> streaming.Order:
+    """streaming.column_order of online_softmax.<fn> on the designated input, replayed by the judge (its values
+    and a twin on judge-drawn inputs must be right: a constant answer has no structure to measure). Once per
+    submission text: every case of a test gates on the same verdict (a `student` without the text, as in the
+    release tests' direct calls, is measured each time)."""
+    source = getattr(student, "source", None)
+    key = (hashlib.sha256(source("online_softmax.py").encode()).hexdigest(), fn, designated.id) if source else None
+    hit = _ORDERS.get(key) if key else None
+    if hit is not None:
+        return hit
+    ref = {"online_summary": ref_summary, "online_softmax": ref_softmax}[fn]
+    x = designated.x()
+    rp, (jx,), _ = replay.call(student, f"{FN}.{fn}", (x,), seed=designated.seed + 1, reference=_ref64(ref))
+    wrong = replay.twin_error(rp.result, _ref64(ref)(jx))
+    shown = {"x": tuple(x.shape)}
+    check(wrong is None, what=f"{fn}(x) on the input of the one-pass check is right",
+          detail=f"on x of shape {tuple(x.shape)}: {wrong}", hint=HINTS["summary_l" if fn == "online_summary" else fn],
+          inputs=shown)
+    order = streaming.column_order(rp)
+    if key:
+        while len(_ORDERS) >= _ORDERS_SIZE:
+            _ORDERS.pop(next(iter(_ORDERS)))  # the oldest entry
+        _ORDERS[key] = order
+    return order
+
+
+def check_streams(student, fn: str, case: RowsCase) -> None:
+    """§4.3: the summary is made in one streaming pass over the columns (streaming.column_order on the case's
+    designated input, STREAM unless it names another)."""
+    designated = case.stream or STREAM
+    order = stream_order(student, fn, designated)
+    check(order.ok, what=f"{fn} reads the columns of x in one streaming pass (§4.3)",
+          detail=order.describe(fn),
+          hint=HINTS["stream" if fn == "online_summary" else "stream_softmax"], inputs={"x": designated.shape})
 
 
 def check_merge_summary(student, case: MergeCase) -> None:

@@ -686,11 +686,24 @@ def diagnose_combine_from_finding(finding: "pb.Finding") -> str | None:
 
 
 def hidden_softmax(student, fn: str) -> str:
-    return pb.softmax_ladder(student, fn).message()
+    message = pb.softmax_ladder(student, fn).message()
+    return _compose(message, _one_pass(student, fn)) if fn == "online_softmax" else message
 
 
 def hidden_summary(student) -> str:
-    return pb.summary_ladder(student).message()
+    return _compose(pb.summary_ladder(student).message(), _one_pass(student, "online_summary"))
+
+
+def _one_pass(student, fn: str) -> str | None:
+    """The one-pass check on the PUBLIC designated input (cases_part1.STREAM, a fixed probe of the judge):
+    what it found, when the function does not stream there."""
+    from . import cases_part1 as C
+
+    try:
+        order = C.stream_order(student, fn, C.STREAM)
+    except Exception:  # noqa: BLE001 -- the ladder's message already says how the function fails
+        return None
+    return None if order.ok else f"{order.describe(fn)} (on the probe x of shape {C.STREAM.shape})"
 
 
 def hidden_merge(student, fn: str) -> str:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -347,6 +347,75 @@ def _contract(rows: torch.Tensor | None, cols: torch.Tensor | None) -> torch.Ten
     return torch.where(torch.minimum(rows, cols) == 0, torch.maximum(rows, cols), REDUCED)
 
 
+class PairTags:
+    """The tag algebra of pair_keys: per element two int32 fields (QUERY, KEY), each NONE, REDUCED or an id
+    r + 2 (module docstring). The tag replay (_TagReplay) runs any algebra with these members: `width` fields
+    of `dtype` per element, `budget` tagged elements at most, the initial tags of an input, which elements a
+    rule follows (`marked`), the combinations of two operands' tags (combine, spread, contract), reductions
+    (`reduction`: a reduction op's; `reduce`: a matmul's rows or a whole tensor),
+    and the tags of ops whose values depend on a whole line (sort, cumsum) or on an index tensor; `summarise`
+    a storage's tags when it is written (here: the keys its (query, key) elements span per query row)."""
+
+    width = 2
+    dtype = torch.int32
+
+    def __init__(self, rp: replay.Replayed, rows: dict[int, tuple[int, int]]) -> None:
+        self.budget = TAG_BUDGET
+        self.n_rows = max([1] + [rp.env[r].shape[d] for r, (f, d) in rows.items() if f == QUERY
+                                 and isinstance(rp.env.get(r), torch.Tensor) and rp.env[r].dim()])
+
+    def initial(self, t: torch.Tensor, spec: tuple[int, int]) -> torch.Tensor:
+        """The tags of an input whose dim `dim` numbers its query rows or keys (field `fld`)."""
+        fld, dim = spec
+        tag = torch.zeros(*t.shape, 2, dtype=torch.int32)
+        n = t.shape[dim]
+        tag[..., fld] = torch.arange(2, n + 2, dtype=torch.int32).reshape([n if i == dim % t.dim() else 1
+                                                                           for i in range(t.dim())])
+        return tag
+
+    def zeros(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, 2, dtype=torch.int32)
+
+    def marked(self, t: torch.Tensor) -> torch.Tensor:
+        """Per element: (query, key) data (both fields an id)."""
+        return t.amin(-1) >= 2
+
+    combine = staticmethod(_combine)
+    spread = staticmethod(_spread)
+    reduce = staticmethod(_reduce)
+
+    @staticmethod
+    def reduction(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
+        """A reduction op's tags (sum, amax, ...): reduced, unless it combines nothing (_combines_nothing)."""
+        return _reduce(t, dims, keepdim, keep=_combines_nothing(t, dims))
+    contract = staticmethod(_contract)
+    reduce_all = staticmethod(_reduce_all)
+
+    @staticmethod
+    def line(moved: torch.Tensor, tags: torch.Tensor, dim: int) -> torch.Tensor:
+        """sort / topk values (their tags moved like the values) and cumsum (the tags of its input): an
+        element keeps its (query, key)."""
+        return moved
+
+    @staticmethod
+    def indexed(out: torch.Tensor | None, index: list[torch.Tensor]) -> torch.Tensor | None:
+        """Data moved by index tensors that are themselves tagged: the moved data's tags."""
+        return out
+
+    def summarise(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per query row, the lowest and highest key of a storage's (query, key) elements (None: none)."""
+        low = flat.amin(1)  # >= 2: both fields name one row
+        if int(low.max()) < 2:
+            return None
+        n = self.n_rows
+        # the elements that are not (query, key) pairs go to a spare row n (no boolean indexing: 3× faster)
+        row = torch.where(low >= 2, flat[:, QUERY] - 2, n).long()
+        key = flat[:, KEY] - 2
+        lo = torch.full((n + 1,), _BIG, dtype=torch.int32).scatter_reduce_(0, row, key, "amin")[:n]
+        hi = torch.full((n + 1,), -1, dtype=torch.int32).scatter_reduce_(0, row, key, "amax")[:n]
+        return lo, hi
+
+
 def _dims(value: Any, ndim: int) -> list[int]:
     """Real dims of a reduction's dim argument (None or [] = all) made non-negative."""
     if value is None or value == []:
@@ -387,19 +456,22 @@ class PairSpan(NamedTuple):
 
 class _TagReplay:
     """The tag replay (module docstring): a tag storage per storage of the replay, viewed with the strides of
-    each tensor; per op, the tags of what it wrote; per storage, the keys its (query, key) elements span."""
+    each tensor; per op, the tags of what it wrote; per storage, what the algebra summarises of it (pair_keys:
+    the keys its (query, key) elements span). `tags`: the algebra (default PairTags; `rows` is then what
+    numbers the inputs' rows; otherwise input ref -> the algebra's spec of that input)."""
 
-    def __init__(self, rp: replay.Replayed, rows: dict[int, tuple[int, int]], lives: Lives) -> None:
+    def __init__(self, rp: replay.Replayed, rows: dict[int, Any], lives: Lives, tags: Any = None) -> None:
         self.rp, self.lives = rp, lives
-        self.n_rows = max([1] + [rp.env[r].shape[d] for r, (f, d) in rows.items() if f == QUERY
-                                 and isinstance(rp.env.get(r), torch.Tensor) and rp.env[r].dim()])
-        self.tags: dict[int, torch.Tensor] = {}  # data pointer -> flat int32 (elements, 2); absent: all NONE
+        self.alg = alg = tags if tags is not None else PairTags(rp, rows)
+        self.width = alg.width
+        self.tags: dict[int, torch.Tensor] = {}  # data pointer -> flat (elements, width); absent: all NONE
         self.unit: dict[int, int] = {}  # data pointer -> the element size its tag storage counts in
-        self.span: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # data pointer -> per query row (lo, hi)
+        self.span: dict[int, Any] = {}  # data pointer -> alg.summarise of its tags (pairs: per query row (lo, hi))
         self.written_at: dict[int, list[int]] = {}  # data pointer -> the ops that write it
         self.unfollowed = ""
+        self.timed_out = False
         self.without_rule: list[str] = []  # ops whose tags no rule followed (their outputs: reduced)
-        self.tagged = 0  # elements of the live tag storages (bounded: TAG_BUDGET)
+        self.tagged = 0  # elements of the live tag storages (bounded: alg.budget)
         self._views: dict[int, torch.Tensor] = {}  # id(tensor of the replay) -> its tag view (the env keeps them)
         self._ptr: dict[int, int | None] = {}  # id(tensor of the replay) -> its storage's data pointer
         self.version: dict[int, int] = {}  # data pointer -> writes so far
@@ -410,16 +482,11 @@ class _TagReplay:
                 for leaf in op.leaves:
                     if type(leaf) is int and leaf in lives.of_ref:
                         self.written_at.setdefault(lives.of_ref[leaf], []).append(index)
-        for ref, (fld, dim) in rows.items():
+        for ref, spec in rows.items():
             t = rp.env.get(ref)
             if not isinstance(t, torch.Tensor) or t.dim() == 0 or _storage(t) is None:
                 continue
-            tag = torch.zeros(*t.shape, 2, dtype=torch.int32)
-            n = t.shape[dim]
-            idx = torch.arange(2, n + 2, dtype=torch.int32).reshape([n if i == dim % t.dim() else 1
-                                                                     for i in range(t.dim())])
-            tag[..., fld] = idx
-            self._write(t, tag)
+            self._write(t, alg.initial(t, spec))
 
     # -- tag views --------------------------------------------------------------------------------------
 
@@ -441,12 +508,13 @@ class _TagReplay:
         if ptr is None or ptr not in self.tags:
             return None
         flat = self.tags[ptr]
+        w = self.width
         if t.element_size() != self.unit[ptr]:  # the same bytes as another dtype
-            if ptr in self.span:
+            if bool(self.alg.marked(flat).any()):
                 self.unfollowed = "scores viewed as another dtype"
-            return _reduce_all(flat).expand(*t.shape, 2)
-        out = self._views[id(t)] = flat.as_strided((*t.shape, 2), (*(2 * s for s in t.stride()), 1),
-                                                    2 * t.storage_offset())
+            return self.alg.reduce_all(flat).expand(*t.shape, w)
+        out = self._views[id(t)] = flat.as_strided((*t.shape, w), (*(w * s for s in t.stride()), 1),
+                                                    w * t.storage_offset())
         self._views_of.setdefault(ptr, []).append(id(t))
         return out
 
@@ -461,7 +529,7 @@ class _TagReplay:
         cache = self._reduced.setdefault(ptr, {})
         hit = cache.get(key)
         if hit is None:
-            hit = cache[key] = _reduce(tv, dims, False)
+            hit = cache[key] = self.alg.reduce(tv, dims, False)
         return hit
 
     def release(self, ptr: int) -> None:
@@ -485,21 +553,23 @@ class _TagReplay:
                 return
             n = t.untyped_storage().nbytes() // t.element_size()
             self.tagged += n
-            if self.tagged > TAG_BUDGET:
-                self.unfollowed = f"the call holds more than {TAG_BUDGET:,} elements made from its inputs"
+            if self.tagged > self.alg.budget:
+                self.unfollowed = f"the call holds more than {self.alg.budget:,} elements made from its inputs"
                 return
-            flat = self.tags[ptr] = torch.zeros(n, 2, dtype=torch.int32)
+            flat = self.tags[ptr] = self.alg.zeros(n)
             self.unit[ptr] = t.element_size()
         self.version[ptr] = self.version.get(ptr, 0) + 1
         if t.element_size() != self.unit[ptr]:  # written as another dtype: every element gets what was written
-            if tags is not None and bool((tags.amin(-1) >= 2).any()):
+            alg = self.alg
+            if tags is not None and bool(alg.marked(tags).any()):
                 self.unfollowed = "scores written as another dtype"
-            flat.copy_(_combine(_reduce_all(flat), None if tags is None else _reduce_all(tags)).expand_as(flat))
+            flat.copy_(alg.combine(alg.reduce_all(flat), None if tags is None else alg.reduce_all(tags)).expand_as(flat))
         else:
             dest = self._views.get(id(t))
             if dest is None:
-                dest = self._views[id(t)] = flat.as_strided((*t.shape, 2), (*(2 * s for s in t.stride()), 1),
-                                                             2 * t.storage_offset())
+                w = self.width
+                dest = self._views[id(t)] = flat.as_strided((*t.shape, w), (*(w * s for s in t.stride()), 1),
+                                                             w * t.storage_offset())
                 self._views_of.setdefault(ptr, []).append(id(t))
             if tags is None:
                 dest.zero_()
@@ -508,19 +578,11 @@ class _TagReplay:
         self._summarise(ptr)
 
     def _summarise(self, ptr: int) -> None:
-        """Per query row, the lowest and highest key of the storage's (query, key) elements."""
-        flat = self.tags[ptr]
-        low = flat.amin(1)  # >= 2: both fields name one row
-        if int(low.max()) < 2:
+        summary = self.alg.summarise(self.tags[ptr])
+        if summary is None:
             self.span.pop(ptr, None)
-            return
-        n = self.n_rows
-        # the elements that are not (query, key) pairs go to a spare row n (no boolean indexing: 3× faster)
-        row = torch.where(low >= 2, flat[:, QUERY] - 2, n).long()
-        key = flat[:, KEY] - 2
-        lo = torch.full((n + 1,), _BIG, dtype=torch.int32).scatter_reduce_(0, row, key, "amin")[:n]
-        hi = torch.full((n + 1,), -1, dtype=torch.int32).scatter_reduce_(0, row, key, "amax")[:n]
-        self.span[ptr] = (lo, hi)
+        else:
+            self.span[ptr] = summary
 
     # -- one op -------------------------------------------------------------------------------------------
 
@@ -539,13 +601,19 @@ class _TagReplay:
             self._step(index, op, read, outs)
         except (RuntimeError, IndexError, ValueError, TypeError, KeyError):  # arguments no rule foresaw
             self.without_rule.append(info.name)
-            whole = None
-            for t in read:
-                tv = self.view(t)
-                if tv is not None:
-                    whole = _combine(whole, _reduce(tv.reshape(-1, 2), [0], False, keep=False))
+            whole = self._whole(read)
             for t in outs:
                 self._write(t, whole)
+
+    def _whole(self, values: Iterable[Any]) -> torch.Tensor | None:
+        """One tag reduced over every element of every tagged tensor among `values` (an op no rule follows,
+        a trusted course function: each output element depends on all of them)."""
+        whole = None
+        for x in values:
+            tv = self.view(x)
+            if tv is not None:
+                whole = self.alg.combine(whole, self.alg.reduce(tv.reshape(-1, self.width), [0], False, keep=False))
+        return whole
 
     def _step(self, index: int, op: Any, read: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         info, env = op.info, self.rp.env
@@ -560,8 +628,9 @@ class _TagReplay:
             shape = tuple(outs[0].shape)
             if short == "mul" and len(operands) == 2 and _outer_over_one(operands, shape):
                 x, y = operands
-                tags = _contract(*(None if (tv := self.view(t)) is None else
-                                   tv.expand(*_broadcast_shape(tuple(t.shape), shape), 2) for t in (x, y)))
+                tags = self.alg.contract(*(None if (tv := self.view(t)) is None else
+                                           tv.expand(*_broadcast_shape(tuple(t.shape), shape), self.width)
+                                           for t in (x, y)))
             else:
                 tags = self._elementwise(operands, shape)
             for t in outs:
@@ -570,29 +639,20 @@ class _TagReplay:
         a = replay._dec(op.args, env)
         kw = {k: replay._dec(v, env) for k, v in op.kwargs.items()} if op.kwargs else {}
         if info.trusted is not None:  # a course function of its arguments: every output reduced over all of them
-            whole = None
-            for x in tree_flatten([a, kw])[0]:
-                tv = self.view(x)
-                if tv is not None:
-                    whole = _combine(whole, _reduce(tv.reshape(-1, 2), [0], False, keep=False))
+            whole = self._whole(tree_flatten([a, kw])[0])
             for t in outs:
                 self._write(t, whole)
             return
         computed = self._compute(kind, short, overload, info, a, kw, outs, index)
         if computed is None:  # an op without a rule: its outputs reduced over all of its inputs
             self.without_rule.append(info.name)
-            whole = None
-            for x in tree_flatten([a, kw])[0]:
-                tv = self.view(x)
-                if tv is not None:
-                    whole = _combine(whole, _reduce(tv.reshape(-1, 2), [0], False, keep=False))
-            computed = [whole] * len(outs)
+            computed = [self._whole(tree_flatten([a, kw])[0])] * len(outs)
         for t, tags in zip(outs, computed):
             if tags is not None and tuple(tags.shape[:-1]) != tuple(t.shape):
                 try:
-                    tags = tags.expand(*t.shape, 2)
+                    tags = tags.expand(*t.shape, self.width)
                 except RuntimeError:
-                    tags = _reduce(tags.reshape(-1, 2), [0], False, keep=False)
+                    tags = self.alg.reduce(tags.reshape(-1, self.width), [0], False, keep=False)
             self._write(t, tags)
 
     def _untagged(self, t: torch.Tensor) -> bool:
@@ -606,12 +666,12 @@ class _TagReplay:
             if tv is None:
                 continue
             if tuple(x.shape) != shape:
-                tv = tv.expand(*_broadcast_shape(tuple(x.shape), shape), 2)
+                tv = tv.expand(*_broadcast_shape(tuple(x.shape), shape), self.width)
             if _broadcast(x, shape):
-                spread = _combine(spread, tv)
+                spread = self.alg.combine(spread, tv)
             else:
-                full = _combine(full, tv)
-        return _spread(full, spread)
+                full = self.alg.combine(full, tv)
+        return self.alg.spread(full, spread)
 
     def _operands(self, a: list, kw: dict) -> list[torch.Tensor]:
         return [x for x in tree_flatten([a, {k: v for k, v in kw.items() if k != "out"}])[0]
@@ -638,13 +698,13 @@ class _TagReplay:
                 size = list(args.get("size") or [])
                 lead = nd - len(size)
                 dims = list(range(lead)) + [lead + i for i, n in enumerate(size) if n == 1 and src.shape[lead + i] != 1]
-                red = _reduce(tv, dims, True, keep=_combines_nothing(tv, dims))
-                return [red.reshape(*outs[0].shape, 2)]
+                red = self.alg.reduction(tv, dims, True)
+                return [red.reshape(*outs[0].shape, self.width)]
             if kind == "softmax" or short == "cumsum":  # the shape stays: P = softmax(S) is S's (query, key)
                 return [tv]
             dims = _dims(args.get("dim"), nd)
-            red = _reduce(tv, dims, bool(args.get("keepdim", False)), keep=_combines_nothing(tv, dims))
-            return [red.reshape(*t.shape, 2) for t in outs]
+            red = self.alg.reduction(tv, dims, bool(args.get("keepdim", False)))
+            return [red.reshape(*t.shape, self.width) for t in outs]
         if kind == "matmul":
             return [self._matmul(short, a, kw)]
         if kind == "move":
@@ -657,46 +717,56 @@ class _TagReplay:
         if short in ("addmm", "addmv", "addbmm", "baddbmm"):
             base, a = a[0], a[1:]
         x, y = a[0], a[1]
-        red = self.reduced
+        red, alg, w = self.reduced, self.alg, self.width
         if view(x) is None and view(y) is None:
             prod = None
         elif short in ("dot", "vdot"):
-            prod = _contract(red(x, [0]), red(y, [0]))
+            prod = alg.contract(red(x, [0]), red(y, [0]))
         elif short in ("mv", "addmv"):
-            col = red(y, [0])  # (2,)
-            prod = _contract(red(x, [1]), col.expand(x.shape[0], 2) if col is not None else None)  # rows (m, 2)
+            col = red(y, [0])  # (w,)
+            prod = alg.contract(red(x, [1]), col.expand(x.shape[0], w) if col is not None else None)  # rows (m, w)
         else:  # mm, addmm: (m, n) @ (n, p); bmm, baddbmm, addbmm: (b, m, n) @ (b, n, p)
             nd = x.dim()
-            rows = red(x, [nd - 1])  # (..., m, 2)
-            cols = red(y, [nd - 2])  # (..., p, 2)
+            rows = red(x, [nd - 1])  # (..., m, w)
+            cols = red(y, [nd - 2])  # (..., p, w)
             shape = (*x.shape[:-1], y.shape[-1])
-            prod = _contract(rows.unsqueeze(-2).expand(*shape, 2) if rows is not None else None,
-                             cols.unsqueeze(-3).expand(*shape, 2) if cols is not None else None)
+            prod = alg.contract(rows.unsqueeze(-2).expand(*shape, w) if rows is not None else None,
+                                cols.unsqueeze(-3).expand(*shape, w) if cols is not None else None)
             if short == "addbmm" and prod is not None:
-                prod = _reduce(prod, [0], False)
+                prod = alg.reduce(prod, [0], False)
         tb = view(base) if isinstance(base, torch.Tensor) else None
         if tb is not None and prod is not None:
-            return _combine(prod, tb.expand_as(prod) if tb.dim() <= prod.dim() else tb)
+            return alg.combine(prod, tb.expand_as(prod) if tb.dim() <= prod.dim() else tb)
         return prod if prod is not None else tb
 
     def _move(self, short: str, info: Any, a: list, kw: dict, outs: list[torch.Tensor],
               index: int) -> list[torch.Tensor | None] | None:
         """Data movement: the same op on the tags. Index arguments are the replay's tensors; one written
-        in place after this op no longer holds what this op read, and the rules cannot follow it."""
-        view = self.view
+        in place after this op no longer holds what this op read, and the rules cannot follow it. Index
+        tensors that are tagged themselves (made from the data) go to alg.indexed."""
+        moved = self._moved(short, info, a, kw, outs, index)
+        index_tags = [tv for x in tree_flatten([a, kw])[0] if isinstance(x, torch.Tensor) and not x.is_floating_point()
+                      and (tv := self.view(x)) is not None]
+        if moved is None or not index_tags:
+            return moved
+        return [self.alg.indexed(t, index_tags) for t in moved]
+
+    def _moved(self, short: str, info: Any, a: list, kw: dict, outs: list[torch.Tensor],
+               index: int) -> list[torch.Tensor | None] | None:
+        view, alg, w = self.view, self.alg, self.width
         args = _Schema(info.func, a, kw)
         for x in tree_flatten([a, kw])[0]:
             if isinstance(x, torch.Tensor) and not x.is_floating_point():
                 ptr = self._ptr_of(x)
                 if any(i > index for i in self.written_at.get(ptr, ())) and any(
-                        (tv := view(y)) is not None and bool((tv.amin(-1) >= 2).any())
+                        (tv := view(y)) is not None and bool(alg.marked(tv).any())
                         for y in tree_flatten([a, kw])[0] if isinstance(y, torch.Tensor)):
                     self.unfollowed = "scores moved by an index tensor that is overwritten later"
         src = a[0] if a and isinstance(a[0], torch.Tensor) else None
 
         def tags_of(t: torch.Tensor) -> torch.Tensor:
             tv = view(t)
-            return tv if tv is not None else torch.zeros(*t.shape, 2, dtype=torch.int32)
+            return tv if tv is not None else alg.zeros(*t.shape)
 
         if short in ("cat", "stack"):
             tensors = [t for t in a[0] if isinstance(t, torch.Tensor)]
@@ -720,25 +790,25 @@ class _TagReplay:
             base = tags_of(src).clone()
             if short == "index_put":
                 indices = args.get("indices")
-                new = base.index_put(tuple(indices), tval if tval is not None else torch.zeros(2, dtype=torch.int32))
+                new = base.index_put(tuple(indices), tval if tval is not None else alg.zeros())
                 if args.get("accumulate", False):
-                    new = _combine(base, new)
+                    new = alg.combine(base, new)
                 return [new]
             dim = args.get("dim") % max(src.dim(), 1)
             idx = args.get("index")
             if short == "scatter":
                 if tval is None:
-                    tval = torch.zeros(*idx.shape, 2, dtype=torch.int32)
+                    tval = alg.zeros(*idx.shape)
                 else:
                     tval = tval[tuple(slice(0, n) for n in idx.shape)]
-                new = base.scatter(dim, idx.unsqueeze(-1).expand(*idx.shape, 2), tval)
-                return [_combine(base, new) if args.get("reduce") is not None else new]
+                new = base.scatter(dim, idx.unsqueeze(-1).expand(*idx.shape, w), tval)
+                return [alg.combine(base, new) if args.get("reduce") is not None else new]
             if tval is None:
-                tval = torch.zeros(*values.shape, 2, dtype=torch.int32)
+                tval = alg.zeros(*values.shape)
             if short == "index_copy":
                 return [base.index_copy(dim, idx, tval)]
             moved = torch.zeros_like(base).index_copy(dim, idx, tval)
-            return [_combine(base, moved)]
+            return [alg.combine(base, moved)]
         if tv is None and short != "embedding":
             return [None] * len(outs)
         if short == "embedding":  # embedding(weight, indices)
@@ -750,16 +820,16 @@ class _TagReplay:
             return [tv.index_select(args.get("dim") % max(src.dim(), 1), args.get("index"))]
         if short == "gather":
             idx = args.get("index")
-            return [tv.gather(args.get("dim") % max(src.dim(), 1), idx.unsqueeze(-1).expand(*idx.shape, 2))]
+            return [tv.gather(args.get("dim") % max(src.dim(), 1), idx.unsqueeze(-1).expand(*idx.shape, w))]
         if short in ("sort", "topk"):
             indices = outs[1]
             dim = args.get("dim", -1) % max(src.dim(), 1)
-            g = tv.gather(dim, indices.unsqueeze(-1).expand(*indices.shape, 2))
+            g = alg.line(tv.gather(dim, indices.unsqueeze(-1).expand(*indices.shape, w)), tv, dim)
             return [g, g]
         if short == "repeat":
             return [tv.repeat(*args.get("repeats"), 1)]
         if short == "expand_copy":
-            return [tv.expand(*args.get("size"), 2).clone()]
+            return [tv.expand(*args.get("size"), w).clone()]
         if short == "slice_copy":
             dim = args.get("dim", 0) % max(src.dim(), 1)
             start, end, step = args.get("start"), args.get("end"), args.get("step", 1) or 1
@@ -768,12 +838,43 @@ class _TagReplay:
             dim = args.get("dim") % max(src.dim(), 1)
             return [tv.select(dim, args.get("index"))]
         if short in ("_unsafe_view", "flatten", "reshape"):
-            return [tv.reshape(*outs[0].shape, 2)]
+            return [tv.reshape(*outs[0].shape, w)]
         if short == "unfold":
             dim = args.get("dimension") % max(src.dim(), 1)
-            u = tv.unfold(dim, args.get("size"), args.get("step"))  # (..., n, 2, size)
+            u = tv.unfold(dim, args.get("size"), args.get("step"))  # (..., n, w, size)
             return [u.movedim(-2, -1)]
         return None
+
+
+def follow(tr: _TagReplay, seconds: float, live: list[bool] | None = None,
+           before: Any = None) -> Iterator[tuple[int, Any]]:
+    """Step the tag replay `tr` through its program: yields (index, op) after each op's step (views and .item()
+    are not stepped; with `live`, only the ops whose results reach the call's result are; `before(index, op)`
+    runs just before a step), and after the caller is done with it releases the storages that no later op
+    reads. Stops early, with tr.unfollowed set, past `seconds` of the judge's time or when the tags cannot
+    follow the program."""
+    rp, lives = tr.rp, tr.lives
+    deadline = time.perf_counter() + seconds
+    dies: dict[int, list[int]] = {}  # op -> the storages no op after it reads
+    for ptr, s in lives.storages.items():
+        if 0 <= s.last < lives.n_ops:
+            dies.setdefault(s.last, []).append(ptr)
+    with torch.no_grad():
+        for index, op in enumerate(rp.prepared):
+            if not index & 255 and time.perf_counter() > deadline:
+                tr.unfollowed = tr.unfollowed or f"following the call took the judge over {seconds:g} s"
+                tr.timed_out = True
+                return
+            stepped = not (op.info.view or op.info.scalar_out) and (live is None or live[index])
+            if stepped:
+                if before is not None:
+                    before(index, op)
+                tr.step(index, op)
+            yield index, op
+            for ptr in dies.pop(index, ()):
+                tr.release(ptr)
+            if tr.unfollowed:
+                return
 
 
 def pair_keys(rp: replay.Replayed, rows: dict[int, tuple[int, int]], lives: Lives | None = None) -> PairSpan:
@@ -787,46 +888,39 @@ def pair_keys(rp: replay.Replayed, rows: dict[int, tuple[int, int]], lives: Live
     live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     best = PairSpan(0, -1, -1, -1, -1, [])
     storages = lives.storages
-    deadline = time.perf_counter() + TAG_SECONDS
-    dies: dict[int, list[int]] = {}  # op -> the storages no op after it reads
-    for ptr, s in storages.items():
-        if 0 <= s.last < lives.n_ops:
-            dies.setdefault(s.last, []).append(ptr)
-    with torch.no_grad():
-        for index, op in enumerate(rp.prepared):
-            changed = False
-            if not index & 255 and time.perf_counter() > deadline:
-                return PairSpan(_BIG, -1, -1, -1, index, [], f"following the call took the judge over {TAG_SECONDS:g} s")
-            if not (op.info.view or op.info.scalar_out):
-                tr.step(index, op)
-                for leaf in op.leaves:
-                    ptr = lives.of_ref.get(leaf) if type(leaf) is int else None
-                    if ptr is None:
-                        continue
-                    span = tr.span.get(ptr)
-                    if span is not None and storages[ptr].last >= index:
-                        if live.get(ptr) is not span:
-                            live[ptr] = span
-                            ends.setdefault(storages[ptr].last, []).append(ptr)
-                            changed = True
-                    elif live.pop(ptr, None) is not None:
+    at = -1
+    for index, op in follow(tr, TAG_SECONDS):
+        at = index
+        changed = False
+        if not (op.info.view or op.info.scalar_out):
+            for leaf in op.leaves:
+                ptr = lives.of_ref.get(leaf) if type(leaf) is int else None
+                if ptr is None:
+                    continue
+                span = tr.span.get(ptr)
+                if span is not None and storages[ptr].last >= index:
+                    if live.get(ptr) is not span:
+                        live[ptr] = span
+                        ends.setdefault(storages[ptr].last, []).append(ptr)
                         changed = True
-            if changed and live:
-                los, his = zip(*live.values())
-                lo = torch.stack(los).amin(0) if len(los) > 1 else los[0]
-                hi = torch.stack(his).amax(0) if len(his) > 1 else his[0]
-                width = torch.where(hi >= 0, hi.long() - lo.long() + 1, 0)
-                keys = int(width.max())
-                if keys > best.keys:
-                    row = int(width.argmax())
-                    shapes = sorted((lives.shape(storages[p]) for p in live), key=lambda s: -math.prod(s))
-                    best = PairSpan(keys, row, int(lo[row]), int(hi[row]), index, shapes[:4])
-            for ptr in ends.pop(index, ()):
-                if storages[ptr].last <= index:
-                    live.pop(ptr, None)
-            for ptr in dies.pop(index, ()):
-                tr.release(ptr)
-            if tr.unfollowed:
+                elif live.pop(ptr, None) is not None:
+                    changed = True
+        if changed and live:
+            los, his = zip(*live.values())
+            lo = torch.stack(los).amin(0) if len(los) > 1 else los[0]
+            hi = torch.stack(his).amax(0) if len(his) > 1 else his[0]
+            width = torch.where(hi >= 0, hi.long() - lo.long() + 1, 0)
+            keys = int(width.max())
+            if keys > best.keys:
+                row = int(width.argmax())
                 shapes = sorted((lives.shape(storages[p]) for p in live), key=lambda s: -math.prod(s))
-                return PairSpan(_BIG, -1, -1, -1, index, shapes[:4], tr.unfollowed)
+                best = PairSpan(keys, row, int(lo[row]), int(hi[row]), index, shapes[:4])
+        for ptr in ends.pop(index, ()):
+            if storages[ptr].last <= index:
+                live.pop(ptr, None)
+    if tr.timed_out:
+        return PairSpan(_BIG, -1, -1, -1, at + 1, [], tr.unfollowed)
+    if tr.unfollowed:
+        shapes = sorted((lives.shape(storages[p]) for p in live), key=lambda s: -math.prod(s))
+        return PairSpan(_BIG, -1, -1, -1, at, shapes[:4], tr.unfollowed)
     return best

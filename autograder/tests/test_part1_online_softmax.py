@@ -42,13 +42,13 @@ def test_safe_softmax(student, case):
 
 @cases(*ROWS, diagnosis=dg.hidden_summary)
 def test_online_summary(student, case):
-    """online_summary(x): the row max m and ℓ = Σ_j exp(x_j - m) in one pass over the columns (§4.3), against float64."""
+    """online_summary(x): the row max m and ℓ = Σ_j exp(x_j - m) in ONE streaming pass over the columns (§4.3), against float64."""
     C.check_summary(student, case)
 
 
 @cases(*ROWS, diagnosis=partial(dg.hidden_softmax, fn="online_softmax"))
 def test_online_softmax(student, case):
-    """online_softmax(x): the online summary then one normalising pass (§4.3), against float64 softmax."""
+    """online_softmax(x): the online summary (one streaming pass) then one normalising pass (§4.3), against float64 softmax."""
     C.check_softmax(student, "online_softmax", case)
 
 

@@ -1,6 +1,8 @@
 # CANARY-HIDDEN-2e4a1e4883ed (release leak detector: hidden tests must never reach students)
 """Part 1 hidden cases: the public checks (autograder/tests/test_part1_online_softmax.py) on more
 shapes, seeds and edge cases."""
+from dataclasses import replace
+
 from autograder.tests import cases_part1 as C
 
 ROWS = [
@@ -23,11 +25,20 @@ MERGES = [
     C.MergeCase(C.RowsCase((6, 50), "float32", seed=114, neg_inf="some", mult=40.0), split=25, dv=4),
 ]
 
+# The one-pass check's designated input for the hidden cases (cases_part1.check_streams): another shape than the
+# public STREAM, still rows of N >= 64 (tiles of 32 <= N/2 pass, a dense pass of N - 1 >= 79 columns fails).
+STREAM = C.RowsCase((4, 80), "float64", seed=130, mult=3.0)
+
+
+def streamed(cases):
+    return [replace(c, stream=STREAM) for c in cases]
+
+
 HIDDEN = {
     "test_naive_softmax": [c for c in ROWS if c.naive_ok],
     "test_safe_softmax": ROWS,
-    "test_online_summary": [*ROWS, C.RowsCase((3, 0), "float32", seed=115)],
-    "test_online_softmax": ROWS,
+    "test_online_summary": streamed([*ROWS, C.RowsCase((3, 0), "float32", seed=115)]),
+    "test_online_softmax": streamed(ROWS),
     "test_merge_summary": MERGES,
     "test_merge_partial": MERGES,
     "test_merge_identity": [dict(dtype="float32", lead=(2, 3), seed=7), dict(dtype="float64", lead=(2, 3), seed=7)],
