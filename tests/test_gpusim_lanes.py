@@ -1,11 +1,12 @@
 """Registers are per thread (course/gpusim/lanes.py): the judge's replay refuses register arithmetic
 that moves values between threads, with one line naming two threads, the operation and its line.
 
-A per-thread value is an array whose last axis is the thread; plain numpy would let one operation
-read across that axis (a reduction, a gather, a reshape or transpose, a matmul contracting it), a free
-exchange between threads that a GPU makes only through shared memory. These tests pin what is refused,
-what stays legal (the reference's own forms: elementwise arithmetic, reductions over unrolled axes,
-tile @ x, views that keep the thread axis last), and that the check costs nothing where it is not used.
+A per-thread value is an array with one axis over the threads (the last, as loads return it); plain
+numpy would let one operation read across that axis (a reduction, a gather, a reshape, a matmul
+contracting it), a free exchange between threads that a GPU makes only through shared memory. These
+tests pin what is refused, and what stays legal: the reference's own forms (elementwise arithmetic,
+reductions over unrolled axes, tile @ x, views that keep one entry per thread) and a rows-first
+layout (the thread on another axis, last again where a value meets memory).
 """
 from __future__ import annotations
 
@@ -67,6 +68,34 @@ def test_lane_local_register_arithmetic_replays():
 
     y = _replay(kernel)
     assert y.shape == (64,) and np.isfinite(y).all()
+
+
+def test_a_transposed_layout_is_lane_local_too():
+    """Rows first, as in part 2's torch tiles: q.T is (L, d), the thread on axis -2; S = q.T @ k.T,
+    the softmax along axis 1, P @ V, and the thread moved back last (o.T) before the store."""
+    def kernel(t, X, Y):
+        i = _gid(t)
+        q = X[4 * i + gs.unroll(4)]  # (4, L)
+        kt = X[gs.unroll(8)[:, None] * 4 + gs.unroll(4)].reshape(8, 4)  # (8, 4) uniform: 8 keys
+        s = q.T @ kt.T  # (L, 8)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        o = (p @ kt) / p.sum(1)[:, None]  # (L, 4)
+        acc = np.zeros_like(o)
+        acc[:, 1:] = o[:, 1:]
+        Y[i] = np.moveaxis(acc, 0, -1).sum(0) + np.swapaxes(o, 0, 1)[0]
+
+    assert np.isfinite(_replay(kernel, data=np.linspace(0, 1, 256))).all()
+
+
+def test_a_value_reaches_memory_with_the_thread_last():
+    def kernel(t, X, Y):
+        i = _gid(t)
+        xs = X[(4 * i + gs.unroll(4)) % 256]  # (4, L)
+        with t.where(t.threadIdx.x < 4):
+            Y[i + 0 * gs.unroll(32)] = xs.T[:, :1]  # <- (L, 1): the engine would take axis -2 as unrolled loads
+
+    with pytest.raises(lanes.LaneError, match=r"thread on axis -2, not the last, used in a memory instruction"):
+        _replay(kernel)
 
 
 def test_printing_a_per_thread_value_is_harmless():
@@ -144,7 +173,7 @@ def _k_concatenate(t, X, Y):
 
 def _k_transpose(t, X, Y):
     xs = X[(32 * gs.unroll(32) + t.threadIdx.x) % 256]  # (32, L) with L = 32
-    Y[_gid(t)] = xs.T[0]  # <-
+    Y[_gid(t)] = xs.T[0]  # <- xs.T is (L, 32), the thread on axis -2; its row 0 is thread 0's
 
 
 def _k_reshape(t, X, Y):
@@ -180,12 +209,12 @@ MIXING = {"reduce": (_k_reduce, "np.maximum.reduce over every axis"),
           "gather": (_k_gather, "indexing x[...] moves values across the thread axis: thread 0 would read a value of thread 1"),
           "data_index": (_k_data_index, "a per-thread value used as an index"),
           "concatenate": (_k_concatenate, "np.concatenate leaves no thread axis"),
-          "transpose": (_k_transpose, "x.transpose() moves values across the thread axis"),
-          "reshape": (_k_reshape, "x.reshape() leaves no thread axis"),
-          "matmul_lanes": (_k_matmul_lanes, "np.matmul sums over the thread axis of a per-thread vector"),
+          "transpose_row": (_k_transpose, "indexing x[...] moves values across the thread axis: thread 1 would read a value of thread 0"),
+          "reshape": (_k_reshape, "x.reshape() moves values across the thread axis"),
+          "matmul_lanes": (_k_matmul_lanes, "np.matmul sums over the thread axis of a per-thread operand"),
           "matmul_first": (_k_matmul_first, "np.matmul sums over the thread axis of a per-thread operand"),
           "dot": (_k_dot, "np.dot sums over the thread axis"),
-          "broadcast_column": (_k_broadcast_column, "leaves no thread axis")}
+          "broadcast_column": (_k_broadcast_column, "np.multiply combines per-thread values whose thread axes do not line up")}
 
 
 @pytest.mark.parametrize("name", sorted(MIXING))
@@ -254,7 +283,7 @@ def test_a_mixed_value_is_refused_where_it_reaches_memory_a_mask_or_an_assignmen
 
 
 def test_every_allowed_function_and_method_has_a_kind():
-    kinds = (lanes.ELEMENTWISE | lanes.REDUCTIONS | lanes.REDUCTIONS_1 | lanes.LIKE | lanes.MATMUL | set(lanes.MOVES))
+    kinds = (lanes.ELEMENTWISE | lanes.REDUCTIONS | lanes.ACCUMULATIONS | lanes.LIKE | lanes.MATMUL | set(lanes.MOVES))
     assert set(trace._FUNCTIONS) <= kinds
     assert set(trace._METHODS) <= lanes.METHOD_MOVES | {"astype", "copy", "dot"}
     for name in lanes.ELEMENTWISE:

@@ -908,7 +908,6 @@ class _Replayer:
                     val = self.resolve(ev[3], env)
                     self._charge(np.size(val) + 1)
                     key = self.resolve(ev[2], env)
-                    lanes.effect(ev)
                     tgt[key] = val
                     if len(ev) == 5:
                         op_line = ev[4] if type(ev[4]) is str and _LINE_KEY.match(ev[4]) else None
@@ -929,7 +928,7 @@ class _Replayer:
                         raise _fail("a bad where()")
                     self._line(ev[2])
                     cond = self.resolve(ev[1], env)
-                    lanes.effect(ev)
+                    lanes.effect(ev, _line_of(ev[2]))
                     self._charge(max(_unrolled(cond), unrolled[-1]) * ctx._L)  # the mask is (unrolled..., lanes)
                     cm = ctx.where(cond)
                     cm.__enter__()
@@ -967,7 +966,7 @@ class _Replayer:
                         raise _fail(f"an access to an unknown {space} array")
                     self._line(line)
                     index = self.resolve(idx, env)
-                    lanes.effect(ev)  # index and value: no value made by mixing threads reaches memory
+                    lanes.effect(ev, _line_of(line))  # index and value: each thread's own, on the last axis
                     # the engine broadcasts index and mask to (unrolled..., lanes): that is the work
                     self._charge(max(_unrolled(index), unrolled[-1]) * ctx._L * w)
                     if tag == "LD":
@@ -1003,6 +1002,11 @@ class _Replayer:
         if type(line) is not str or not _LINE_KEY.match(line):
             line = "kernel:0"
         _eng._LINE = (line, int(line.rsplit(":", 1)[1]), "")
+
+
+def _line_of(line) -> str | None:
+    """A recorded kernel line, for a message (None if it is not one)."""
+    return line if type(line) is str and _LINE_KEY.match(line) else None
 
 
 def _unrolled(x) -> int:
