@@ -10,9 +10,10 @@ layout (the thread on another axis, last again where a value meets memory).
 """
 from __future__ import annotations
 
-import io
 import contextlib
 import inspect
+import io
+import itertools
 
 import numpy as np
 import pytest
@@ -340,3 +341,63 @@ def test_a_constant_given_as_out_is_not_changed_by_the_replay():
     for _ in range(2):
         gs.replay(program, {(0, "X"): np.ones(256)})
     assert all(a.equal(b) for a, b in zip(program["arrays"], before))
+
+
+# ------------------------------------------------------------------------------------------------
+# The contraction and reduction rules against the ground truth: which output entries change when one
+# thread's entries of the per-thread operand change (every accepted case must keep them to that thread)
+
+
+def _depends(f, operands, which, ax, res, L):
+    out = []
+    for lane in range(L):
+        ops = [np.array(x, copy=True) for x in operands]
+        idx = [slice(None)] * ops[which].ndim
+        idx[ax] = lane
+        ops[which][tuple(idx)] += 1.5
+        out.append((np.abs(np.asarray(f(*ops)) - np.asarray(res)) > 1e-9).nonzero())
+    return out
+
+
+def test_the_contraction_rules_never_accept_a_mixing():
+    L, rng = 3, np.random.default_rng(0)
+    chk = lanes.Checker(L, L, [(0, 0, 0)])
+    kinds = {"matmul": np.matmul, "dot": np.dot, "inner": np.inner, "outer": np.outer, "ufunc_outer": np.multiply.outer}
+    sizes = [(1,), (L,), (4,), (L, 4), (4, L), (L, L), (1, L), (2, 4, L), (L, 4, 2), (2, L, 4)]
+    accepted = 0
+    for kind, f in kinds.items():
+        for sa, sb in itertools.product(sizes, sizes):
+            for which, s in ((0, sa), (1, sb)):
+                for ax in [a for a in range(-len(s), 0) if s[a] == L]:
+                    a, b = rng.standard_normal(sa), rng.standard_normal(sb)
+                    try:
+                        res = f(a, b)
+                    except ValueError:
+                        continue
+                    axes = (ax, None) if which == 0 else (None, ax)
+                    try:
+                        r = chk.fits(res, chk.contracted(kind, *axes, a, b, res, None, kind), None, kind)
+                    except lanes.LaneError:
+                        continue
+                    accepted += 1
+                    for lane, nz in enumerate(_depends(f, [a, b], which, ax, res, L)):
+                        assert (nz[np.ndim(res) + r] == lane).all(), (kind, sa, sb, which, ax, r)
+    assert accepted > 100
+
+
+def test_the_reduction_rule_never_accepts_a_mixing():
+    L, rng = 3, np.random.default_rng(1)
+    chk = lanes.Checker(L, L, [(0, 0, 0)])
+    for s in [(L,), (L, 2), (2, L), (L, L), (2, L, 4), (L, 1, 2)]:
+        for ax in [a for a in range(-len(s), 0) if s[a] == L]:
+            axes = [None, *range(-len(s), len(s)), *itertools.combinations(range(len(s)), 2)]
+            for axis, keep in itertools.product(axes, (False, True)):
+                x = rng.standard_normal(s)
+                f = lambda v: np.add.reduce(v, axis=axis, keepdims=keep)  # noqa: E731
+                res = f(x)
+                try:
+                    r = chk.fits(res, chk.reduced(x, ax, axis, keep, None, "sum"), None, "sum")
+                except lanes.LaneError:
+                    continue
+                for lane, nz in enumerate(_depends(f, [x], 0, ax, res, L)):
+                    assert (nz[np.ndim(res) + r] == lane).all(), (s, ax, axis, keep, r)
