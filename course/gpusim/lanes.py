@@ -162,8 +162,9 @@ class Lanes:
     threads of the batch; ``threads``: per block, and ``blocks``: the batch's block ids, for the
     messages. With one thread there is nothing to mix: every check passes."""
 
-    def __init__(self, lanes: int, threads: int, blocks: list) -> None:
+    def __init__(self, lanes: int, threads: int, blocks: list, charge: Callable[[float], None] | None = None) -> None:
         self.L, self.T, self.blocks = int(lanes), int(threads), blocks
+        self.charge = charge or (lambda n: None)  # the replay's work bound (the shadows are work too)
         self.on = self.L > 1
         self.ax: dict[int, int] = {}  # per-thread value id -> its thread axis (negative)
         self.poisoned: dict[int, _Poison] = {}  # values made by mixing threads: refused where they take effect
@@ -251,7 +252,9 @@ class Lanes:
 
     def shadow(self, x, ax: int | None):
         """An array of x's shape holding 1 + the thread of each entry (per-thread) or -1 (free)."""
-        if ax is None or ax == "mixed":
+        if ax == "mixed":
+            raise LaneError("per-thread values whose thread axes do not line up")
+        if ax is None:
             return np.broadcast_to(np.int32(-1), np.shape(x))
         return np.broadcast_to(self.ids(ax), np.shape(x))
 
@@ -371,6 +374,7 @@ class Lanes:
         if not lane.any():
             return None  # no entry of a thread reached the result
         cands = [a for a in range(-1, -sh.ndim - 1, -1) if sh.shape[a] == self.L]
+        self.charge(sh.size * (1 + len(cands)))
         for a in cands:
             if ((~lane) | (sh == self.ids(a))).all():
                 return a

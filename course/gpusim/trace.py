@@ -876,7 +876,7 @@ class _Replayer:
         unrolled = [1]  # per open where(): the unrolled instructions of its mask (leading axes)
         self._charge(len(events))
         live = LiveState(events, ctx._Lu)
-        lanes = _lanes.Checker(ctx._Lu, ctx._T, ctx._block_ids)  # registers are per thread (lanes.py)
+        lanes = _lanes.Checker(ctx._Lu, ctx._T, ctx._block_ids, self._charge)  # registers are per thread (lanes.py)
         op_line = None  # the kernel line of the last operation event that named one
         try:
             for i, ev in enumerate(events):
