@@ -134,6 +134,9 @@ def _traced_ids(ref) -> list[int]:
     return out
 
 
+_CONTAINERS = ("L", "T", "s")  # operand references that may hold traced values (lists, tuples, slices)
+
+
 def _last(x) -> int | None:
     """The size of the last axis of an array (None for a scalar or a non-array)."""
     if isinstance(x, np.ndarray):
@@ -177,8 +180,14 @@ class Lanes:
         """The thread axis of an operand (None: free). An operand list (np.concatenate's, or a list
         numpy turns into an array) has the axis its per-thread items share, counted from the end;
         items that disagree give "mixed"."""
-        if type(ref) is list and len(ref) == 2 and ref[0] == "t":
-            return self.ax.get(ref[1])
+        if type(ref) is list and ref:
+            tag = ref[0]
+            if tag == "t":
+                return self.ax.get(ref[1]) if len(ref) == 2 and type(ref[1]) is int else None
+            if type(tag) is str and tag not in _CONTAINERS:  # a constant or a Python value
+                return None
+        elif type(ref) is not dict:
+            return None
         if not self.ax:
             return None
         found = {self.ax[i] for i in _traced_ids(ref) if i in self.ax}
@@ -202,15 +211,16 @@ class Lanes:
         found = [self.poisoned[i] for i in _traced_ids(ev[1:]) if i in self.poisoned]
         return min(found, key=lambda p: p.seq) if found else None
 
-    def effect(self, ev: list, line: str | None) -> None:
-        """A memory instruction or a where() mask: it uses no value made by mixing threads, and its
-        per-thread operands have the thread as their last axis (the engine's lanes)."""
-        p = self.tainted(ev)
+    def effect(self, refs: list, line: str | None) -> None:
+        """A memory instruction or a where() mask (its operand references: index, value, mask): it
+        uses no value made by mixing threads, and its per-thread operands have the thread as their
+        last axis (the engine's lanes)."""
+        p = self.tainted([None, *refs])
         if p is not None:
             raise p.error
         if self.ax:
-            for i in _traced_ids(ev[1:]):
-                a = self.ax.get(i)
+            for r in refs:
+                a = self.axis(r)
                 if a is not None and a != -1:
                     raise self.mixing(line, f"a per-thread value with the thread on axis {a}, not the last, used in "
                                             f"a memory instruction or where() (the engine takes the last axis as the "
@@ -408,6 +418,35 @@ class Checker(Lanes):
     operands' references (which say what is per-thread) and resolved values, and the result, and
     returns the result's thread axis (None: free), or raises LaneError."""
 
+    def elementwise(self, tid: int, arefs: list, res) -> bool:
+        """The common case, checked with no more work than it needs: a plain elementwise ufunc call
+        (no keywords, no out=) while nothing is poisoned. True: noted; False: not decided here (an
+        operand list, axes that disagree, a result without the axis): ``note`` decides."""
+        ax = None
+        axmap = self.ax
+        for r in arefs:
+            if type(r) is not list or not r:
+                return False
+            tag = r[0]
+            if tag == "t":
+                a = axmap.get(r[1]) if len(r) == 2 and type(r[1]) is int else None
+            elif type(tag) is str and tag not in _CONTAINERS:
+                continue
+            else:
+                return False
+            if a is not None:
+                if ax is None:
+                    ax = a
+                elif a != ax:
+                    return False
+        if ax is None:
+            axmap.pop(tid, None)
+            return True
+        if not (isinstance(res, np.ndarray) and res.ndim >= -ax and res.shape[ax] == self.L):
+            return False
+        axmap[tid] = ax
+        return True
+
     def ufunc(self, f: np.ufunc, method: str, arefs: list, a: list, krefs: dict, k: dict, out_ref, res, line):
         self._inplace = is_traced(out_ref)
         if method == "__call__" and not krefs and out_ref is None and f.signature is None:  # the common case
@@ -439,6 +478,9 @@ class Checker(Lanes):
         return self.fits(res, ax, line, how)
 
     def function(self, name: str, f: Callable, refs: list, a: list, krefs: dict, k: dict, res, line):
+        if not self._any(refs, krefs):  # free operands only (the K/V tiles' reshapes): a free result
+            self._inplace = False
+            return None
         how = f"np.{name}"
         loc = bind(_params(f), len(refs), krefs)
         self._inplace = is_traced(fetch(loc.get("out"), refs, krefs))
@@ -506,6 +548,9 @@ class Checker(Lanes):
         return self.fits(res, ax, line, how)
 
     def method(self, name: str, oref, o, refs: list, a: list, krefs: dict, k: dict, res, line):
+        if self.axis(oref) is None and not self._any(refs, krefs):  # free operands only: a free result
+            self._inplace = False
+            return None
         how = "indexing x[...]" if name == "__getitem__" else f"x.{name}()"
         loc = bind(_params(getattr(np.ndarray, name), method=True), len(refs), krefs)
         self._inplace = is_traced(fetch(loc.get("out"), refs, krefs))
@@ -557,6 +602,11 @@ class Checker(Lanes):
             at = np.unravel_index(int(np.flatnonzero(bad)[0]), sh.shape)
             raise LaneWriteError(str(self.mixing(line, f"{how} moves values across the thread axis",
                                                  reader=at[t_ax], source=int(sh[at]) - 1)))
+
+    def _any(self, refs: list, krefs: dict) -> bool:
+        """Does any operand (out= included) hold a per-thread or a traced out= value?"""
+        return any(self.axis(r) is not None for r in refs) or any(
+            self.axis(r) is not None or (key == "out" and is_traced(r)) for key, r in krefs.items())
 
     def _shadow_tree(self, ref, val):
         """The shadow of an operand that may be a list or tuple of operands (np.concatenate's)."""

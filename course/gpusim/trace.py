@@ -746,7 +746,8 @@ class _Replayer:
                     tgt = tgt.copy()
                 k["out"] = (tgt,)
             res = getattr(f, method)(*a, **k)
-            if lanes.on:
+            if lanes.on and not (method == "__call__" and not kw and out is None and f.signature is None
+                                 and not lanes.poisoned and lanes.elementwise(tid, args, res)):
                 lanes.note(tid, ev, lambda: lanes.ufunc(f, method, args, a, kw, k, out, res, line),
                            _lanes.is_traced(out))
             return tid, res
@@ -928,7 +929,7 @@ class _Replayer:
                         raise _fail("a bad where()")
                     self._line(ev[2])
                     cond = self.resolve(ev[1], env)
-                    lanes.effect(ev, _line_of(ev[2]))
+                    lanes.effect([ev[1]], _line_of(ev[2]))
                     self._charge(max(_unrolled(cond), unrolled[-1]) * ctx._L)  # the mask is (unrolled..., lanes)
                     cm = ctx.where(cond)
                     cm.__enter__()
@@ -966,7 +967,7 @@ class _Replayer:
                         raise _fail(f"an access to an unknown {space} array")
                     self._line(line)
                     index = self.resolve(idx, env)
-                    lanes.effect(ev, _line_of(line))  # index and value: each thread's own, on the last axis
+                    lanes.effect([idx, val] if tag != "LD" else [idx], _line_of(line))  # each thread's own, thread last
                     # the engine broadcasts index and mask to (unrolled..., lanes): that is the work
                     self._charge(max(_unrolled(index), unrolled[-1]) * ctx._L * w)
                     if tag == "LD":
