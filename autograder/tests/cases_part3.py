@@ -16,8 +16,13 @@ Everything expected is computed here:
 (c) counters, exactly (docs/gpusim_guide.md): global memory holds only Q, K, V, O, L (S and P
     never leave the chip); DRAM bytes equal the closed form; causal K/V bytes are those of the
     block pairs that hold an allowed (query, key) pair; no shared-memory race;
-(d) on-chip state bounded by the tiles (§5.2), measured in the replay: the shared memory a block
-    declares, and the most words of per-thread values (registers) live at once in one thread.
+(d) on-chip state bounded by the tiles (§5.2), measured in the replay: the threads of a block (one
+    per query row, B_r rounded up to a warp), the shared memory a block declares, and the most words
+    of per-thread values (registers) live at once in one thread.
+Every replay also keeps each thread's registers to that thread (course/gpusim/lanes.py): register
+arithmetic that reads across the thread axis (numpy's reductions, gathers, reshapes over it: free
+shuffles a GPU does not have) is refused, so threads exchange values only through shared memory,
+under the race detector; a dense kernel with one thread per key and numpy as its shuffles is refused.
 
 On-chip state (d). The counters of (c) do not see what a block KEEPS: a kernel that loads all the
 keys a block needs into shared memory in one sweep, or into registers with broadcast loads, and then
@@ -30,6 +35,8 @@ its tiles, independent of Nk: it streams K/V in tiles of B_c keys and keeps only
   instruction that makes a value to the last one that reads it; views count once with their base).
   A value whose last axis is not the thread (a (B_c, d) tile read from shared memory with a uniform
   index, the reference's own layout) is the same in every thread, so each thread holds all of it.
+- the threads of a block: B_r (the launcher's block = (B_r,)), at most 32·⌈B_r/32⌉; with more (one
+  per key), the block's registers could hold every key's K/V, a few words in each thread.
 The bounds (`on_chip_bounds`) are FlashAttention's tiles with room for every legal layout, in words:
     shared     2·B_r·(d+4) + 4·B_c·(d+4) + 2·B_r·B_c + 8·B_r + 256
                a Q tile and a separate O tile, rows padded by up to 4 words (d + 1 for conflict-free
@@ -533,10 +540,19 @@ def check_on_chip_state(student, case: KernelCase) -> None:
     stats, _ = _counted(student, case)
     shown = None if student.hidden else case.shown(*case.qkv())
     bound = on_chip_bounds(case)
-    d, bc = case.d, case.block_cols
+    d, bc, br = case.d, case.block_cols, case.block_rows
     shared = int(stats.get("shared_bytes_per_block", 0)) // 4
     per_thread = int(stats.get("live_words_per_thread", 0))
-    tiles = f"B_r = {case.block_rows}, B_c = {bc}, d = {d}"
+    tiles = f"B_r = {br}, B_c = {bc}, d = {d}"
+    # The launch (§5.2): one thread per query row of the Q block, block = (B_r,); the last warp may be
+    # padded. More threads would hold more of K/V in their registers at once than the tiles allow.
+    threads = max((math.prod(p["block"]) for p in stats.get("per_launch", []) if type(p.get("block")) is list), default=0)
+    most = -(-br // 32) * 32
+    check(threads <= most, what="a block has one thread per query row of its Q block (§5.2, §6.4: split-Q)",
+          detail=(f"a block runs {threads} threads for a Q block of B_r = {br} rows: the launcher's block is (B_r,), "
+                  f"at most {most} threads with its last warp padded; every thread more holds more of K/V at once "
+                  f"({tiles}; Nk = {case.nk})"),
+          hint=HINT_ON_CHIP_STATE, inputs=shown)
     check(shared <= bound["shared"], what="shared memory per block stays within FlashAttention's tiles (§5.2)",
           detail=(f"a block declares {shared} words of shared memory, as much as the K/V of {shared // (2 * d)} keys "
                   f"({2 * d} words a key) at once: FlashAttention streams K/V in tiles of B_c = {bc} keys, with a Q "

@@ -75,5 +75,5 @@ def test_causal_block_skipping(student, case):
 
 @cases(*ON_CHIP)
 def test_on_chip_state_bounded_by_tiles(student, case):
-    """The judge's replay measures what a block keeps on chip: the shared memory it declares and the most per-thread values (registers) a thread holds at once; both stay within FlashAttention's tiles (a Q tile and K/V tiles of B_c keys; a row's acc, m, ℓ and one tile), independent of Nk (§5.1–§5.2)."""
+    """The judge's replay measures what a block keeps on chip: its threads (one per query row), the shared memory it declares and the most per-thread values (registers) a thread holds at once; all stay within FlashAttention's tiles (B_r threads; a Q tile and K/V tiles of B_c keys; a row's acc, m, ℓ and one tile), independent of Nk (§5.1–§5.2)."""
     C.check_on_chip_state(student, case)

@@ -1,6 +1,7 @@
 """gpusim: a simulated GPU that runs CUDA-style kernels written in Python and counts their memory
 traffic exactly (global requests, sectors, DRAM bytes, shared-memory wavefronts and bank
-conflicts, atomics, barriers) and reports shared-memory races. See docs/gpusim_guide.md.
+conflicts, atomics, barriers) and reports shared-memory races; a replay of a recorded run also refuses
+register arithmetic that moves values between threads (lanes.py). See docs/gpusim_guide.md.
 
     from course import gpusim as gs
     gpu = gs.GPU()
@@ -26,6 +27,7 @@ from .engine import (
     merge_stats,
     unroll,
 )
+from .lanes import LaneError
 from .trace import RecordingError, Replayed, Traced, digest, record, replay
 from .errors import (
     DivergentBarrierError,
@@ -43,5 +45,5 @@ __all__ = [
     "GPU", "Buffer", "SharedArray", "ThreadContext", "Dim3", "run", "capture", "merge_stats", "unroll",
     "WARP_SIZE", "NUM_BANKS", "SECTOR_BYTES", "SHARED_RULES",
     "GpuSimError", "LaunchError", "KernelShapeError", "OutOfBoundsError", "MisalignedAccessError",
-    "DivergentBarrierError", "SharedMemoryError", "RaceError",
+    "DivergentBarrierError", "SharedMemoryError", "RaceError", "LaneError",
 ]

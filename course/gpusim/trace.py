@@ -24,6 +24,12 @@ What the replay measures that a direct run cannot (the engine never sees registe
 plain numpy arrays of the kernel): ``live_words_per_thread``, the most words of per-thread values
 (registers) live at one time in a thread block, counted in the replay's own values (``LiveState``).
 
+What the replay refuses that a direct run lets through (lanes.py, ``Checker``): register arithmetic
+that moves values between threads. A per-thread value's last axis is the thread, and plain numpy can
+read across it (a reduction over it, a gather, a reshape or transpose, a matmul contracting it); on a
+GPU that exchange needs shared memory. Operations are recorded with the kernel line they come from
+(where it changes from the previous operation's), so the refusal names it.
+
 The program is plain data (dicts, lists, ints, floats, strs, torch tensors) for the grader's wire
 protocol. ``replay`` validates it against bounds before and while it runs (events, bytes, work),
 so a hostile program cannot exhaust the judge, and refuses anything malformed with RecordingError.
@@ -34,7 +40,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -42,6 +50,7 @@ import numpy as np
 
 from . import engine as _eng
 from .counters import merge_stats
+from . import lanes as _lanes
 from .errors import GpuSimError
 
 # Bounds, checked in the worker (the recorder refuses to grow past them) and again in the judge.
@@ -200,6 +209,23 @@ def _plain_tree(x):
 
 
 _RECORDERS: list["Recorder"] = []
+_NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
+
+
+def _op_line() -> str:
+    """'file.py:line' of the kernel statement that made an operation: the first frame outside the
+    simulator and outside numpy (ndarray.max, np.sum, ... reach the recorder through numpy's own code)."""
+    f = sys._getframe(2)
+    files = _eng._ENGINE_FILES
+    while f is not None and (f.f_code.co_filename in files or f.f_code.co_filename.startswith(_NUMPY_DIR)):
+        f = f.f_back
+    if f is None:
+        return "kernel:0"
+    at = (f.f_code.co_filename, f.f_lineno)
+    key = _eng._KEYS.get(at)
+    if key is None:
+        key = _eng._KEYS[at] = (f"{os.path.basename(at[0])}:{at[1]}", at[1], at[0])
+    return key[0] if _LINE_KEY.match(key[0]) else "kernel:0"
 
 
 def _active_recorder() -> "Recorder | None":
@@ -224,6 +250,7 @@ class Recorder:
         self._events = 0
         self._next = 0
         self.batch: list | None = None  # the current batch's event list
+        self._op_last: str | None = None  # the kernel line of the batch's last operation event
         self._scope = None  # identifies the current batch: Traced values of other batches are constants
         self._gpu_ids: dict[int, int] = {}
 
@@ -291,19 +318,29 @@ class Recorder:
     def op(self, tag: str, body: list, result, inplace=None) -> Traced:
         """Record an operation; returns the result as a Traced value (``inplace``: the out= target)."""
         self._count()
+        line = self._line()
         if inplace is not None and isinstance(inplace, Traced) and inplace._tid is not None and inplace._scope is self._scope:
-            self.batch.append([tag, *body, inplace._tid, list(inplace.shape)])  # in place: the target keeps its id
+            self.batch.append([tag, *body, inplace._tid, list(inplace.shape), *line])  # in place: the target keeps its id
             return inplace
         t = self._new(inplace if inplace is not None else result)
-        self.batch.append([tag, *body, t._tid, list(t.shape)])  # the shape: the judge bounds it before computing
+        self.batch.append([tag, *body, t._tid, list(t.shape), *line])  # the shape: the judge bounds it before computing
         return t
+
+    def _line(self) -> list:
+        """[the kernel line of this operation], or [] when the batch's previous operation had the same
+        line (an expression makes several): the judge's messages name it (lanes.py)."""
+        line = _op_line()
+        if line == self._op_last:
+            return []
+        self._op_last = line
+        return [line]
 
     def inplace_setitem(self, target: Traced, key, value) -> None:
         tgt = self.ref(target)
         if tgt[0] != "t":  # an untraced array: a constant, whatever is written into it
             return
         self._count()
-        self.batch.append(["I", tgt, self.ref(key), self.ref(value)])
+        self.batch.append(["I", tgt, self.ref(key), self.ref(value), *self._line()])
 
     def guard(self, x: Traced, value: bool) -> None:
         self._count()
@@ -347,6 +384,7 @@ class Recorder:
 
     def begin_batch(self) -> None:
         self.batch = []
+        self._op_last = None
         self._scope = object()
         self.launches[-1]["batches"].append(self.batch)
 
@@ -679,7 +717,9 @@ class _Replayer:
                 n += sum(x.size for x in v if isinstance(x, np.ndarray))
         self._charge(n + 1)
 
-    def _compute(self, ev: list, env: dict):
+    def _compute(self, ev: list, env: dict, lanes: "_lanes.Checker", line: str | None):
+        """Compute one operation event -> (its id, its value); ``lanes`` checks that it keeps every
+        thread's values to that thread (lanes.py) and notes whether the result is per-thread."""
         tag = ev[0]
         if tag == "U":
             if len(ev) != 7:
@@ -688,6 +728,11 @@ class _Replayer:
             f = _ufunc(name)
             if method not in _UFUNC_METHODS or type(args) is not list or len(args) > 4:
                 raise _fail("a bad ufunc call")
+            # numpy hands a ufunc override its inputs positionally and everything else (out= too) by
+            # keyword: an operand more is an out= in disguise, an "out" keyword one the replay did not see
+            if len(args) != (f.nin if method == "__call__" else 1 if method in ("reduce", "accumulate") else 2) or (
+                    type(kw) is dict and "out" in kw):
+                raise _fail("a ufunc call with its operands out of place")
             a = [self.resolve(x, env) for x in args]
             k = self._kw(kw, env)
             self._charge_args(a)
@@ -700,7 +745,12 @@ class _Replayer:
                 if out[0] == "a":  # a constant as out=: the worker wrote into its own copy
                     tgt = tgt.copy()
                 k["out"] = (tgt,)
-            return tid, getattr(f, method)(*a, **k)
+            res = getattr(f, method)(*a, **k)
+            if lanes.on and not (method == "__call__" and not kw and out is None and f.signature is None
+                                 and not lanes.poisoned and lanes.elementwise(tid, args, res)):
+                lanes.note(tid, ev, lambda: lanes.ufunc(f, method, args, a, kw, k, out, res, line),
+                           _lanes.is_traced(out))
+            return tid, res
         if tag == "F":
             if len(ev) != 5:
                 raise _fail("a bad function event")
@@ -709,9 +759,11 @@ class _Replayer:
             if f is None:
                 raise RecordingError(f"the program calls {str(name)[:40]!r}, which is not a numpy function a kernel may use")
             a = self.resolve(args, env)
-            if type(a) is not list:
+            if type(a) is not list or args[0] != "L":
                 raise _fail("bad function arguments")
             k = self._kw(kw, env)
+            oloc = _lanes.bind(_lanes._params(f), len(a), k).get("out")
+            a, k = self._own_out(oloc, args[1], a, kw, k)
             self._charge_args(a)
             if name in _MATMUL_LIKE and len(a) == 2:
                 self._charge(_matmul_cost(a[0], a[1]))
@@ -720,8 +772,12 @@ class _Replayer:
             if name in ("tile", "repeat", "broadcast_to", "full_like", "ones_like", "zeros_like", "empty_like"):
                 res = f(*a, **k)
                 self._charge(np.size(res))
-                return tid, res
-            return tid, f(*a, **k)
+            else:
+                res = f(*a, **k)
+            if lanes.on:
+                lanes.note(tid, ev, lambda: lanes.function(name, f, args[1], a, kw, k, res, line),
+                           _lanes.is_traced(_lanes.fetch(oloc, args[1], kw)))
+            return tid, res
         if tag == "M":
             if len(ev) != 6:
                 raise _fail("a bad method event")
@@ -733,16 +789,37 @@ class _Replayer:
                 raise _fail("a method on something that is not an array")
             o = np.asarray(o) if isinstance(o, np.generic) else o
             a = self.resolve(args, env)
+            if type(a) is not list or args[0] != "L":
+                raise _fail("bad method arguments")
             k = self._kw(kw, env)
+            oloc = _lanes.bind(_lanes._params(getattr(np.ndarray, name), True), len(a), k).get("out")
+            a, k = self._own_out(oloc, args[1], a, kw, k)
             self._charge(o.size)
             if name == "dot" and a:
                 self._charge(_matmul_cost(o, a[0]))
+            res = getattr(np.ndarray, name)(o, *a, **k)
             if name == "repeat":
-                res = getattr(np.ndarray, name)(o, *a, **k)
                 self._charge(res.size)
-                return tid, res
-            return tid, getattr(np.ndarray, name)(o, *a, **k)
+            if lanes.on:
+                lanes.note(tid, ev, lambda: lanes.method(name, obj, o, args[1], a, kw, k, res, line),
+                           _lanes.is_traced(_lanes.fetch(oloc, args[1], kw)))
+            return tid, res
         raise _fail(f"an unknown event {str(tag)[:8]!r}")
+
+    @staticmethod
+    def _own_out(at, refs: list, a: list, krefs: dict, k: dict):
+        """A constant given as out= (positional or keyword) is written into a copy, as ufuncs' are: the
+        program's constants never change during a replay."""
+        if at is None:
+            return a, k
+        ref = refs[at[1]] if at[0] == "p" else krefs.get(at[1]) if at[0] == "k" else None
+        if type(ref) is list and ref and ref[0] == "a":
+            if at[0] == "p":
+                a = list(a)
+                a[at[1]] = np.array(a[at[1]])
+            else:
+                k = {**k, at[1]: np.array(k[at[1]])}
+        return a, k
 
     # ---- one launch ----------------------------------------------------------------------
     def run(self) -> Replayed:
@@ -800,6 +877,8 @@ class _Replayer:
         unrolled = [1]  # per open where(): the unrolled instructions of its mask (leading axes)
         self._charge(len(events))
         live = LiveState(events, ctx._Lu)
+        lanes = _lanes.Checker(ctx._Lu, ctx._T, ctx._block_ids, self._charge)  # registers are per thread (lanes.py)
+        op_line = None  # the kernel line of the last operation event that named one
         try:
             for i, ev in enumerate(events):
                 if i:
@@ -808,25 +887,35 @@ class _Replayer:
                     raise _fail("a bad event")
                 tag = ev[0]
                 if tag in ("U", "F", "M"):
+                    if type(ev[-1]) is str:  # the kernel line, where it changes (for messages only)
+                        op_line, ev = (ev[-1] if _LINE_KEY.match(ev[-1]) else None), ev[:-1]
+                    line = op_line
                     shape = ev[-1]
                     if type(shape) is not list or len(shape) > 32 or any(type(x) is not int or x < 0 for x in shape):
                         raise _fail("a bad result shape")
                     self._charge(math.prod(shape))  # before computing: the result's size is bounded first
-                    tid, res = self._compute(ev[:-1], env)
+                    tid, res = self._compute(ev[:-1], env, lanes, line)
                     if type(tid) is not int or list(np.shape(res)) != shape:
                         raise RecordingError("the replay of an operation gives another shape than the recording says")
                     env[tid] = res
                     live.define(i, tid, res)
                     continue
                 if tag == "I":
-                    if len(ev) != 4:
+                    if len(ev) not in (4, 5):
                         raise _fail("a bad assignment")
                     tgt = self.resolve(ev[1], env)
                     if ev[1][0] != "t" or not isinstance(tgt, np.ndarray):
                         raise _fail("an assignment into something that is not a traced array")
                     val = self.resolve(ev[3], env)
                     self._charge(np.size(val) + 1)
-                    tgt[self.resolve(ev[2], env)] = val
+                    key = self.resolve(ev[2], env)
+                    tgt[key] = val
+                    if len(ev) == 5:
+                        op_line = ev[4] if type(ev[4]) is str and _LINE_KEY.match(ev[4]) else None
+                    if lanes.on:
+                        line = op_line
+                        self._charge(tgt.size)
+                        lanes.setitem(ev[1], tgt, ev[2], key, ev[3], val, line)
                     continue
                 if tag == "G":
                     if len(ev) != 3 or type(ev[2]) is not bool:
@@ -840,6 +929,7 @@ class _Replayer:
                         raise _fail("a bad where()")
                     self._line(ev[2])
                     cond = self.resolve(ev[1], env)
+                    lanes.effect([ev[1]], _line_of(ev[2]))
                     self._charge(max(_unrolled(cond), unrolled[-1]) * ctx._L)  # the mask is (unrolled..., lanes)
                     cm = ctx.where(cond)
                     cm.__enter__()
@@ -877,6 +967,7 @@ class _Replayer:
                         raise _fail(f"an access to an unknown {space} array")
                     self._line(line)
                     index = self.resolve(idx, env)
+                    lanes.effect([idx, val] if tag != "LD" else [idx], _line_of(line))  # each thread's own, thread last
                     # the engine broadcasts index and mask to (unrolled..., lanes): that is the work
                     self._charge(max(_unrolled(index), unrolled[-1]) * ctx._L * w)
                     if tag == "LD":
@@ -884,6 +975,7 @@ class _Replayer:
                             raise _fail("a bad load result id")
                         env[val] = ctx.load(arr, index, w)
                         live.define(i, val, env[val])
+                        lanes.loaded(val, env[val])
                     elif tag == "ST":
                         value = self.resolve(val, env)
                         self._charge(int(np.size(value)))
@@ -911,6 +1003,11 @@ class _Replayer:
         if type(line) is not str or not _LINE_KEY.match(line):
             line = "kernel:0"
         _eng._LINE = (line, int(line.rsplit(":", 1)[1]), "")
+
+
+def _line_of(line) -> str | None:
+    """A recorded kernel line, for a message (None if it is not one)."""
+    return line if type(line) is str and _LINE_KEY.match(line) else None
 
 
 def _unrolled(x) -> int:
