@@ -12,14 +12,17 @@ the reason (ATTACK.toml `expect`).
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from autograder.engine.runner import grade
 from instructor import redteam
 
 ATTACKS = {n: s for n, s in redteam.attacks().items() if s.get("suite") == "measurement"}
+pytestmark = pytest.mark.timeout(1500)  # the module fixture grades every attack at once (graded)
 # tests an attack may pass because what it does there is correct, not a cheat
 HONEST_PASSES = {"recompute_no_cache": {"test_generate_60_prompts_recompute"},
                  "forge_read_counter": {"test_rebase_count"}}  # its rebase count is computed honestly
@@ -36,22 +39,47 @@ def corpus(tmp_path_factory) -> Path:
     return dest
 
 
-def _baseline(spec: dict, corpus: Path) -> tuple[set[str], float]:
+def _baseline_folder(spec: dict, corpus: Path) -> Path | None:
     """For an attack built on a partly correct implementation (ATTACK.toml `baseline`: a mutation of
     instructor/mutations/ with the same flaw and no cheat, e.g. a causal forward without block
-    skipping): the tests that honest submission passes and its points. `honest_cases`: substrings of
-    test ids where the attack's computation is correct (degenerate cases, e.g. a single segment)."""
+    skipping): that honest submission, whose passed tests and points the attack may have.
+    `honest_cases`: substrings of test ids where the attack's computation is correct (degenerate
+    cases, e.g. a single segment)."""
     name = spec.get("baseline")
     if not name:
-        return set(), 0.0
+        return None
     folder = corpus / f"baseline_{name}"
     if not folder.exists():
         folder.mkdir()
         for f in (redteam.ROOT / "solutions").glob("*.py"):
             (folder / f.name).write_bytes(f.read_bytes())
         assert redteam._apply_mutation(folder, name), f"no mutation {name}"
-    report = grade(folder, parts=[spec["part"]], test_sets=("public", "hidden"))
-    return {t["id"] for t in report["tests"] if t["outcome"] == "passed"}, report["parts"][0]["points"]
+    return folder
+
+
+TEST = "test_attack_scores_no_more_than_an_honest_wrong_answer"
+
+
+@pytest.fixture(scope="module")
+def graded(corpus, request) -> dict[str, dict]:
+    """The reports every selected attack needs (the attack, its part's starter, its baseline), graded up
+    front in AUTOGRADER_MUTATION_JOBS spawned processes (2 by default): the grades are independent, and
+    one at a time they leave a core idle for most of the suite's longest file."""
+    names = sorted({item.callspec.params["name"] for item in request.session.items
+                    if getattr(item, "originalname", "") == TEST and hasattr(item, "callspec")})
+    jobs: dict[str, tuple[str, int]] = {}
+    for n in names:
+        part = ATTACKS[n]["part"]
+        jobs[n] = (str(corpus / n), part)
+        jobs[f"starter/{part}"] = (str(corpus / "honest_starter"), part)
+        folder = _baseline_folder(ATTACKS[n], corpus)
+        if folder is not None:
+            jobs[f"baseline/{n}"] = (str(folder), part)
+    workers = max(1, int(os.environ.get("AUTOGRADER_MUTATION_JOBS", "2")))
+    if workers == 1 or len(jobs) < 2:
+        return {k: redteam.grade_part(j) for k, j in jobs.items()}
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return dict(zip(jobs, pool.map(redteam.grade_part, jobs.values())))
 
 
 def _test_name(test_id: str) -> str:
@@ -64,9 +92,6 @@ def test_there_is_an_attack_per_measurement_class():
     assert {s["part"] for s in ATTACKS.values()} >= {2, 4, 5}
 
 
-_STARTER: dict[int, dict] = {}
-
-
 # Attacks that document a known hole (ATTACK.toml `undefended`): expected to succeed until it is closed;
 # strict, so that closing the hole makes this test say so.
 CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"known hole: {s['undefended']}"))
@@ -74,14 +99,13 @@ CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"known hol
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_attack_scores_no_more_than_an_honest_wrong_answer(name, corpus):
+def test_attack_scores_no_more_than_an_honest_wrong_answer(name, graded):
     spec = ATTACKS[name]
     part = spec["part"]
-    report = grade(corpus / name, parts=[part], test_sets=("public", "hidden"))
-    if part not in _STARTER:
-        _STARTER[part] = grade(corpus / "honest_starter", parts=[part], test_sets=("public", "hidden"))
-    starter = _STARTER[part]
-    baseline_ids, baseline_points = _baseline(spec, corpus)
+    report, starter = graded[name], graded[f"starter/{part}"]
+    baseline = graded.get(f"baseline/{name}")
+    baseline_ids = {t["id"] for t in baseline["tests"] if t["outcome"] == "passed"} if baseline else set()
+    baseline_points = baseline["parts"][0]["points"] if baseline else 0.0
     passed = [t for t in report["tests"] if t["outcome"] == "passed"]
     cheats = [t["id"] for t in passed if _test_name(t["id"]) not in HONEST_PASSES.get(name, set())
               and t["id"] not in baseline_ids and not any(s in t["id"] for s in spec.get("honest_cases", []))]

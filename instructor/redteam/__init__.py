@@ -85,3 +85,13 @@ def assemble(dest: Path, *, honest: bool = True) -> dict[str, dict]:
             fh.write(HONEST_PART1_BUG)
         corpus["honest_wrong"]["mutation"] = HONEST_MUTATION if _apply_mutation(wrong, HONEST_MUTATION) else None
     return corpus
+
+
+def grade_part(job: tuple[str, int]) -> dict:
+    """grade(folder, parts=[part]) with public and hidden tests: one job of the measurement test's pool
+    (a module-level function, so that spawned processes can run it)."""
+    from autograder.engine.runner import grade
+
+    folder, part = job
+    return grade(folder, parts=[part], test_sets=("public", "hidden"))
+
