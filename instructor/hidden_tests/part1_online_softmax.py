@@ -38,7 +38,9 @@ HIDDEN = {
     "test_naive_softmax": [c for c in ROWS if c.naive_ok],
     "test_safe_softmax": ROWS,
     "test_online_summary": streamed([*ROWS, C.RowsCase((3, 0), "float32", seed=115)]),
-    "test_online_softmax": streamed(ROWS),
+    # the long rows (1000 and 1024 columns) once, in the summary, where ℓ's rounding grows with N: online_softmax's
+    # own step is the normalising pass, and its replays of those rows cost more than all its other cases
+    "test_online_softmax": streamed([c for c in ROWS if c.shape[-1] < 1000]),
     "test_merge_summary": MERGES,
     "test_merge_partial": MERGES,
     "test_merge_identity": [dict(dtype="float32", lead=(2, 3), seed=7), dict(dtype="float64", lead=(2, 3), seed=7)],
