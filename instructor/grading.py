@@ -30,9 +30,9 @@ from autograder.engine import sanitize
 from autograder.engine.runner import student_view
 
 from . import intake
+from .sandbox import UID_BASE, claim_uid  # judge slot i: uid UID_BASE + i, or the next free one
 
 DEFAULT_GRADER = "autograder.engine:grade"
-UID_BASE = 64000  # judge slot i runs its workers as uid UID_BASE + i (bubblewrap mode, as root)
 STATUSES = ("graded", "failed to grade", "rejected")
 # What a student is told when grading failed (the reason and the traceback are the instructor's: a
 # judge that hung, died or raised is the grader's problem, and its reason could mislead).
@@ -106,9 +106,10 @@ def resolve(spec: str) -> Callable:
 
 def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable | None = None) -> dict:
     """The engine (options.grader) on a folder of graded files, workers in options.sandbox as
-    uid UID_BASE + slot. Returns the engine's full report (hidden tests already redacted)."""
+    uid UID_BASE + slot (or the next free one: sandbox.claim_uid). Returns the engine's full report (hidden
+    tests already redacted)."""
     grade = grade or resolve(options.grader)
-    prefix = options.sandbox.with_uid(UID_BASE + slot) if options.sandbox else None
+    prefix = options.sandbox.with_uid(claim_uid(UID_BASE + slot)) if options.sandbox else None
     extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
     try:
         report = grade(impl_dir, parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,

@@ -55,7 +55,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SECRET_PATHS = (ROOT / "solutions", ROOT / "instructor", ROOT / "autograder" / "tests")
 
 
-UID_BASE = 64000  # default unprivileged uid (judge slot i uses UID_BASE + i)
+UID_BASE = 64000  # default unprivileged uid (judge slot i uses UID_BASE + i; see claim_uid)
+UID_LOCKS = "/run/flashattention-grader"  # root's 0755 folder of one lock file per uid in use (claim_uid)
+UID_STRIDE, UID_TRIES = 100, 50  # a busy uid's next candidate is 100 on (a batch's slots stay apart), 50 tries
 # bubblewrap's fork server (Sandbox.fork_server): the one writable folder of its sandbox, a tmpfs that
 # the server empties after each worker; each worker gets a fresh folder below it
 SERVER_SCRATCH = "/scratch"
@@ -679,6 +681,46 @@ def _try_uid(seccomp, limits) -> tuple[Sandbox | None, str]:
             ok, why = False, str(e)
     box.uid, box.spool = None, None
     return (box if ok else None), f"the unprivileged-uid sandbox failed its self-test: {why}"
+
+
+_claimed: dict[int, tuple[int, int]] = {}  # preferred uid -> (the uid this process holds, its lock's fd)
+
+
+def claim_uid(preferred: int) -> int:
+    """A sandbox uid that no other grading process on this machine uses while this one lives: `preferred`,
+    or the first of preferred + 100, + 200, ... whose lock (an flock on UID_LOCKS/uid-N.lock, released when
+    the process ends, however it ends) is free. Two batches at once (two shards in two terminals, or a test
+    suite run in parallel) would otherwise run their workers as the same uid: one's sweep would delete the
+    other's files, their processes would share one RLIMIT_NPROC, and a worker of one could reach what a
+    worker of the other left. Not root, or no lock folder that only root can write: `preferred` (the uid is
+    then not used as root's sandbox uid anyway, or the machine cannot say which are free)."""
+    import fcntl
+
+    hit = _claimed.get(preferred)
+    if hit is not None:
+        return hit[0]
+    if os.geteuid() != 0:
+        return preferred
+    try:
+        os.makedirs(UID_LOCKS, mode=0o755, exist_ok=True)
+        st = os.lstat(UID_LOCKS)
+    except OSError:
+        return preferred
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        return preferred  # someone else's folder: its locks prove nothing
+    for k in range(UID_TRIES):
+        uid = preferred + k * UID_STRIDE
+        fd = os.open(os.path.join(UID_LOCKS, f"uid-{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        _claimed[preferred] = (uid, fd)
+        return uid
+    raise RuntimeError(f"every sandbox uid from {preferred} in steps of {UID_STRIDE} is in use by another grading "
+                       f"process ({UID_TRIES} tried); wait for one to finish")
 
 
 def detect(prefer: str = "auto") -> Sandbox:

@@ -207,3 +207,31 @@ def test_the_uid_mode_never_regroups_the_instructors_tree_even_under_the_temp_di
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(sb.ROOT.parent))  # the repository now counts as "in tmp"
     sb._make_traversable(course, 64123)
     assert {p: (p.stat().st_mode, p.stat().st_gid) for p in before} == before
+
+
+_CLAIM = ("import sys, time; sys.path.insert(0, sys.argv[1]); from instructor.sandbox import claim_uid; "
+          "print(claim_uid(int(sys.argv[2])), flush=True); time.sleep(float(sys.argv[3]))")
+
+
+def _claim(preferred: int, hold: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _CLAIM, str(ROOT), str(preferred), str(hold)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids are root's to hand out")
+def test_two_grading_processes_at_once_never_share_a_sandbox_uid():
+    """Two batches at once (two shards in two terminals) must not run workers as one uid: one's sweep would
+    delete the other's files and a worker of one could reach what a worker of the other left. A uid is held
+    while its process lives (an flock), and free again when it ends, however it ends."""
+    preferred = 64700
+    holder = _claim(preferred, hold=60)
+    try:
+        first = int(holder.stdout.readline())
+        second = _claim(preferred)
+        got = int(second.communicate(timeout=60)[0])
+        assert got != first and (got - preferred) % sandbox.UID_STRIDE == 0, (first, got)
+    finally:
+        holder.kill()
+        holder.wait()
+    again = _claim(first)
+    assert int(again.communicate(timeout=60)[0]) == first, "a dead process's uid is free again"
