@@ -119,8 +119,10 @@ def is_traced(ref) -> bool:
     return type(ref) is list and len(ref) == 2 and ref[0] == "t"
 
 
-def _traced_ids(ref) -> list[int]:
-    """The traced value ids inside an operand reference (any depth)."""
+def traced_ids(ref) -> list[int]:
+    """The traced value ids inside an operand reference: every ``["t", id]``, at any depth (operand lists,
+    keyword dicts, slices, in-place targets). Iterative: a hostile nesting cannot exhaust the stack; its
+    size is bounded by the program text (trace.MAX_BODY_CHARS)."""
     out, stack = [], [ref]
     while stack:
         x = stack.pop()
@@ -190,7 +192,7 @@ class Lanes:
             return None
         if not self.ax:
             return None
-        found = {self.ax[i] for i in _traced_ids(ref) if i in self.ax}
+        found = {self.ax[i] for i in traced_ids(ref) if i in self.ax}
         if not found:
             return None
         return found.pop() if len(found) == 1 else "mixed"  # type: ignore[return-value]
@@ -208,7 +210,7 @@ class Lanes:
         several, the one the kernel made first."""
         if not self.poisoned:
             return None
-        found = [self.poisoned[i] for i in _traced_ids(ev[1:]) if i in self.poisoned]
+        found = [self.poisoned[i] for i in traced_ids(ev[1:]) if i in self.poisoned]
         return min(found, key=lambda p: p.seq) if found else None
 
     def effect(self, refs: list, line: str | None) -> None:

@@ -496,20 +496,8 @@ def _name(x) -> str:
 
 
 def _event_refs(ev: list) -> list[int]:
-    """The traced values (ids) an event reads: every ``["t", id]`` operand reference, at any depth
-    (operand lists, keyword dicts, slices, in-place targets). Iterative: a hostile nesting cannot
-    exhaust the stack; its size is bounded by the program text (MAX_BODY_CHARS)."""
-    out, stack = [], list(ev[1:])
-    while stack:
-        x = stack.pop()
-        if type(x) is list:
-            if len(x) == 2 and x[0] == "t" and type(x[1]) is int:
-                out.append(x[1])
-            else:
-                stack.extend(x)
-        elif type(x) is dict:
-            stack.extend(x.values())
-    return out
+    """The traced values (ids) an event reads (lanes.traced_ids of its operands)."""
+    return _lanes.traced_ids(ev[1:])
 
 
 def thread_words(value, lanes: int) -> int:
