@@ -199,8 +199,9 @@ class Replayed:
     new_storage_of: dict[int, int] = field(default_factory=dict, repr=False)  # ref -> bytes of its new storage
     prepared: list = field(default_factory=list, repr=False)  # the checked ops (for the twin)
     shapes: list = field(default_factory=list, repr=False)  # per op: its output's shape(s), for the twin
-    # cumulative, before each op (like flops_at): 2 per output element of the floating elementwise ops
-    # (OUTER_OPS) with two or more operands of several values each, not counted as matmul FLOPs
+    # cumulative, before each op (like flops_at): the elementwise work no matmul count sees: 2 per output
+    # element of the floating elementwise ops (OUTER_OPS) with two or more operands of several values each
+    # (not counted as matmul FLOPs), and 2 per input element of the floating reductions
     pairwise_at: list[int] = field(default_factory=list, repr=False)
 
     def flops_between(self, start: int, end: int | None = None) -> int:
@@ -209,9 +210,9 @@ class Replayed:
         return self.flops_at[end] - self.flops_at[start]
 
     def pairwise_between(self, start: int, end: int | None = None) -> int:
-        """2 per output element of the elementwise ops of [start, end) that combine two tensors of data
-        (`pairwise_at`): work no matmul count sees (a matmul written as a multiply and a sum, column by
-        column, pays here)."""
+        """The elementwise work of ops [start, end) (`pairwise_at`: elementwise ops that combine two tensors
+        of data, reductions): work no matmul count sees (a matmul written as a multiply and a sum, column by
+        column, or as a stack reduced by prod, pays here)."""
         if not self.pairwise_at:
             return 0
         end = len(self.pairwise_at) - 1 if end is None else end
@@ -1088,6 +1089,13 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         1 for x, _ in pairs if isinstance(x, Tensor) and _effective_numel(x) > 1) >= 2:
                     pairwise += 2 * n_out
                     pairwise_at[-1] = pairwise
+            elif info.kind == "reduction" and op.fast is not None and op.fast[1] and got and \
+                    isinstance(got[0], Tensor) and got[0].is_floating_point():
+                # a reduction combines its input's elements: 2 per element read (a product of a stack
+                # of two tensors by prod, or the sum of a multiply, is a matmul's work)
+                src = a[op.fast[1][0][0]]
+                pairwise += 2 * _effective_numel(src)
+                pairwise_at[-1] = pairwise
     result = _dec(record["result"], env) if record["result"] is not None else None
     consts = [t for r, t in base.items() if r in const_refs]
     readers: dict[int, list[int]] = {}

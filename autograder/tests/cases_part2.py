@@ -440,7 +440,10 @@ class Sides:
         if self.data_only and op.info.kind in replay._SHAPE_ONLY:
             return
         m = 0
+        out = _first_out(self.rp, op)
         for ref in op.reads:
+            if out is not None and out.numel() > 1 and _is_number(self.rp.env.get(ref)):
+                continue  # a number spread over the output passes on no side (k + 0·q[0, 0] is still k)
             m |= self.of(ref)
         for leaf in op.leaves:
             if type(leaf) is int:
@@ -504,6 +507,21 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
     return found
 
 
+def _first_out(rp: replay.Replayed, op: Any) -> torch.Tensor | None:
+    leaf = op.leaves[0] if op.leaves else None
+    t = rp.env.get(leaf) if type(leaf) is int else None
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def _is_number(t: Any) -> bool:
+    """A tensor of one distinct value (one element, or one expanded): in arithmetic, a number."""
+    return not isinstance(t, torch.Tensor) or replay._effective_numel(t) <= 1
+
+
+# ops that may read query-side and key-side data together: the matmuls (their FLOPs are counted)
+_MIXING_ALLOWED = frozenset(_MATMULS) | {"einsum"}
+
+
 class HandMade(NamedTuple):
     index: int  # the op in the replay
     op: str
@@ -511,24 +529,26 @@ class HandMade(NamedTuple):
 
 
 def hand_made_products(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[HandMade]:
-    """The elementwise ops (replay.OUTER_OPS: mul, add, maximum, ...) that combine data made from the query
-    side only with data made from the key or value side only (Sides of data, from `sides`). A correct program
+    """The ops other than matmuls that read data made from the query side only together with data made
+    from the key or value side only (Sides of data, from `sides`; numbers aside). A correct program
     meets q with k and v in matmuls only (S = Q·Kᵀ, dP = dO·Vᵀ; what follows mixes their results); the
-    same product written elementwise (q_i * k summed over d, a row of scores a multiply and a sum) is a
-    matmul whose FLOPs no rule counts. Exempt: a mul that is an outer product over a dim of extent 1 in
-    both (a contraction of length one, as einsum lowers it: the replay counts its FLOPs)."""
+    same product written otherwise (q_i * k summed over d, a stack of q and k reduced by prod, exp of a
+    sum of logs, a gather of k by an index made from q) is a matmul whose FLOPs no rule counts. Exempt:
+    a mul that is an outer product over a dim of extent 1 in both (a contraction of length one, as
+    einsum lowers it: the replay counts its FLOPs)."""
     Q, KV = QUERY_SIDE, KEY_SIDE | VALUE_SIDE
     sd = Sides(rp, sides, data_only=True)
     found: list[HandMade] = []
     for index, op in enumerate(rp.prepared):
         name = op.info.short.removesuffix("_")
-        if name in replay.OUTER_OPS and not op.info.view:
+        if not op.info.view and name not in _MIXING_ALLOWED and op.info.kind not in replay._SHAPE_ONLY \
+                and len(op.reads) > 1:
             q_only = kv_only = None
             tensors = []
             for ref in op.reads:
                 t = rp.env.get(ref)
-                if not isinstance(t, torch.Tensor) or replay._effective_numel(t) <= 1:
-                    continue  # a number
+                if _is_number(t):
+                    continue
                 tensors.append(t)
                 bits = sd.of(ref)  # before the op writes (an in-place mul_ mixes its operands' sides)
                 if bits & Q and not bits & KV:
@@ -536,8 +556,8 @@ def hand_made_products(rp: replay.Replayed, sides: dict[int, int] | None = None)
                 elif bits & KV and not bits & Q:
                     kv_only = kv_only if kv_only is not None else tuple(t.shape)
             if q_only is not None and kv_only is not None:
-                out = rp.env.get(op.leaves[0]) if op.leaves and type(op.leaves[0]) is int else None
-                over_one = name == "mul" and len(tensors) == 2 and isinstance(out, torch.Tensor) and \
+                out = _first_out(rp, op)
+                over_one = name == "mul" and len(tensors) == 2 and out is not None and \
                     liveness._outer_over_one(tensors, tuple(out.shape))
                 if not over_one:
                     found.append(HandMade(index, op.info.short, (q_only, kv_only)))
@@ -560,7 +580,7 @@ def check_no_hand_made_products(rp: replay.Replayed, fn: str, inputs: dict,
     h = found[0]
     check(False, what=f"{fn} multiplies query-side with key-side data in matmuls only",
           detail=(f"op {h.index} of the call ({h.op}) combines a {h.shapes[0]} tensor made from the query side only "
-                  f"with a {h.shapes[1]} tensor made from k or v only, element by element"
+                  f"with a {h.shapes[1]} tensor made from k or v only, outside a matmul"
                   + (f" ({len(found)} such ops)" if len(found) > 1 else "")),
           hint=HINT_HAND_MADE, inputs=inputs)
 

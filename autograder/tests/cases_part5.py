@@ -242,15 +242,16 @@ def call_flops_bound(c: int, max_len: int, batch: int = 1) -> int:
 
 def pairwise_allowance(c: int, max_len: int, batch: int = 1) -> int:
     """Most elementwise work (replay.Replayed.pairwise_between: 2 per output element of an op that
-    combines two tensors of data) of one forward_with_cache call on c new tokens besides its matmuls,
-    for a block written out op by op: per new token and layer RMSNorm twice (x·x, x·r, ·w: 6·d), RoPE on
-    q and k (6·d), the residual adds (2·d), SwiGLU's product (d_ff), a softmax written out (4 per key and
-    head); the final RMSNorm; allowed twice over: 2·2·(16·d + d_ff + 4·H·max_len) per token and layer.
-    A recompute through such ops (a matmul as a multiply and a sum, column by column) costs the cached
-    tokens' projections, far above it."""
+    combines two tensors of data, 2 per input element of a reduction) of one forward_with_cache call on c
+    new tokens besides its matmuls, for a block written out op by op, per new token and layer: RMSNorm
+    twice (x·x, x·r, ·w and the mean: 8·d), RoPE on q and k (6·d), the residual adds (2·d), SwiGLU's
+    product (d_ff), a softmax written out (S − m, ÷ ℓ, its max and sum: 4 per key and head); the final
+    RMSNorm (4·d); 2 units each, allowed twice over: 4·(16·d + d_ff + 4·H·max_len) per token and layer.
+    A recompute through such ops (a matmul as a multiply and a sum, or a stack reduced by prod, column by
+    column) costs the cached tokens' projections, far above it."""
     cfg = model().config
     per_layer = 16 * cfg.d_model + cfg.d_ff + 4 * cfg.n_heads * max_len
-    return 4 * batch * c * (cfg.n_layers * per_layer + 3 * cfg.d_model)
+    return 4 * batch * c * (cfg.n_layers * per_layer + 4 * cfg.d_model)
 
 
 def check_call_flops(rp: replay.Replayed, sizes: list[int], max_len: int, batch: int, inputs: dict) -> None:

@@ -358,6 +358,9 @@ class PairTags:
 
     width = 2
     dtype = torch.int32
+    # a one-valued operand spread over a larger output tags nothing: its tag would reduce every element it
+    # meets (a statistic), so that adding 0·S[0, 0] to k would hide the keys of every score made from it
+    numbers_carry_nothing = True
 
     def __init__(self, rp: replay.Replayed, rows: dict[int, tuple[int, int]]) -> None:
         self.budget = TAG_BUDGET
@@ -661,7 +664,10 @@ class _TagReplay:
 
     def _elementwise(self, operands: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor | None:
         full = spread = None
+        numbers_apart = self.alg.numbers_carry_nothing and math.prod(shape) > 1
         for x in operands:
+            if numbers_apart and replay._effective_numel(x) <= 1:
+                continue  # a number spread over the output: k + 0·S[0, 0] is still k's
             tv = self.view(x)
             if tv is None:
                 continue

@@ -105,6 +105,8 @@ class ColumnTags:
 
     dtype = torch.int32
 
+    numbers_carry_nothing = False  # a row max of a one-row x is one element, and depends on every column
+
     def __init__(self, n: int, bound: int) -> None:
         self.n, self.width, self.bound = n, n + 2, bound
         self.pos, self.second = n, n + 1
