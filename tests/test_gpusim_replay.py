@@ -428,3 +428,13 @@ def test_block_words_count_a_product_summed_at_once_as_its_sum_and_a_kept_spread
     assert _block_words(multiply_add) <= 64 * 4 + 32 * 8
     assert _block_words(kept_product) >= 32 * 64 * 4
     assert _block_words(spread) >= 32 * 64
+
+
+def test_block_words_see_a_value_kept_through_a_chain_of_multiply_adds():
+    def chain(t, A, O, n):  # each thread's n words, passed on by x -> (x[..., None] * 1).sum(-1) again and again
+        x = A[gs.unroll(n) * 0 + t.threadIdx.x]
+        for _ in range(4):
+            x = (x[..., None] * np.ones((1, 1), np.float32)).sum(-1)
+        O[t.threadIdx.x] = x.sum(0)
+
+    assert _block_words(chain) >= 32 * 64

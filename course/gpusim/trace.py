@@ -625,9 +625,11 @@ class LiveState:
         self.btotal += new[1] - old[1]
 
     def _fused(self, i: int, tid: int) -> bool:
-        """Event ``i`` is an elementwise ufunc call whose result only the next event reads, a reduction."""
+        """Event ``i`` is an elementwise ufunc call (no out=) whose result only the next event reads, a
+        reduction. (A value kept that way is uncounted between two events only: what the reduction
+        makes counts at the next, so a held value cannot hide in a chain of them.)"""
         ev, evs = self.events[i], self.events
-        return (type(ev) is list and len(ev) >= 3 and ev[0] == "U" and ev[2] == "__call__"
+        return (type(ev) is list and len(ev) >= 7 and ev[0] == "U" and ev[2] == "__call__" and ev[5] is None
                 and self.uses.get(tid) == 1 and self.last_use.get(tid) == i + 1 and i + 1 < len(evs)
                 and type(evs[i + 1]) is list and bool(evs[i + 1]) and _reduces(evs[i + 1]))
 
