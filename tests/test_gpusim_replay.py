@@ -45,6 +45,7 @@ def _strip(stats: dict) -> dict:
         r.pop("source", None)
     for x in (s, *s.get("per_launch", [])):  # only a replay sees register values (trace.LiveState)
         x.pop("live_words_per_thread", None)
+        x.pop("live_words_per_block", None)
     return s
 
 
@@ -54,6 +55,7 @@ def test_replay_reproduces_the_counters_and_values_exactly(case):
     r = gs.replay(program)
     assert _strip(r.stats) == _strip(stats)
     assert stats["live_words_per_thread"] == 0 < r.stats["live_words_per_thread"]
+    assert stats["live_words_per_block"] == 0 < r.stats["live_words_per_block"]
     assert np.array_equal(r.buffers[0]["O"], o.reshape(-1).numpy())
     assert np.array_equal(r.buffers[0]["L"], lse.reshape(-1).numpy())
 
@@ -380,3 +382,59 @@ def test_live_words_free_dead_values_and_count_views_once():
     got_h, _ = _live_words(hoarding)
     assert 32 <= got_s <= 32 + 16, got_s  # one chunk (its view not counted again) and a few sums; not 64
     assert got_h >= 64 * 4, got_h
+
+
+def _block_words(kernel, n: int = 64, threads: int = 32, grid: int = 1, at_once: bool = False) -> int:
+    """live_words_per_block of the replay of kernel(t, A, O, n)."""
+    with trace.record(counting=False) as rec:
+        g = gs.GPU()
+        A, O = g.array("A", np.arange(n * 4, dtype=np.float32)), g.zeros("O", (grid * threads,))
+        g.launch(kernel, (grid,), (threads,), A, O, n, blocks_at_once=at_once)
+    return trace.replay(rec.program()).stats["live_words_per_block"]
+
+
+def test_block_words_count_a_broadcast_value_once_and_a_lane_value_once_per_thread():
+    def uniform(t, A, O, n):  # (n, 4, 1): the same n·4 words in every thread: once per block
+        x = A.f4[4 * gs.unroll(n)]
+        O[t.blockIdx.x * t.blockDim.x + t.threadIdx.x] = x.sum(0).sum(0)
+
+    def per_lane(t, A, O, n):  # (n, L): n words in each thread: 32·n per block
+        x = A[gs.unroll(n) * 0 + t.threadIdx.x]
+        O[t.blockIdx.x * t.blockDim.x + t.threadIdx.x] = x.sum(0)
+
+    assert 64 * 4 <= _block_words(uniform) <= 64 * 4 + 8
+    assert 32 * 64 <= _block_words(per_lane) <= 32 * (64 + 4)
+    # several blocks in one batch: a broadcast read is per lane there, but alike within each block
+    assert 64 * 4 <= _block_words(uniform, grid=3, at_once=True) <= 64 * 4 + 8
+    assert 32 * 64 <= _block_words(per_lane, grid=3, at_once=True) <= 32 * (64 + 4)
+
+
+def test_block_words_count_a_product_summed_at_once_as_its_sum_and_a_kept_spread_in_full():
+    def multiply_add(t, A, O, n):  # (n, 4, L) products, summed at once: a multiply-add, not n·4 words a thread
+        x = A.f4[4 * gs.unroll(n)]  # (n, 4, 1): once
+        y = A[t.threadIdx.x]  # (L,)
+        O[t.threadIdx.x] = (x * y).sum(0).sum(0)
+
+    def kept_product(t, A, O, n):  # the same products kept past another operation: n·4 words in each thread
+        x = A.f4[4 * gs.unroll(n)]
+        p = x * A[t.threadIdx.x]
+        q = p + 1
+        O[t.threadIdx.x] = (p.sum(0) + q.sum(0)).sum(0)
+
+    def spread(t, A, O, n):  # every thread keeps its own n/8 words of each of 8 slices: n words a thread
+        xs = [A[(j * (n // 8) + gs.unroll(n // 8)) * 0 + t.threadIdx.x] for j in range(8)]
+        O[t.threadIdx.x] = sum(x.sum(0) for x in xs)
+
+    assert _block_words(multiply_add) <= 64 * 4 + 32 * 8
+    assert _block_words(kept_product) >= 32 * 64 * 4
+    assert _block_words(spread) >= 32 * 64
+
+
+def test_block_words_see_a_value_kept_through_a_chain_of_multiply_adds():
+    def chain(t, A, O, n):  # each thread's n words, passed on by x -> (x[..., None] * 1).sum(-1) again and again
+        x = A[gs.unroll(n) * 0 + t.threadIdx.x]
+        for _ in range(4):
+            x = (x[..., None] * np.ones((1, 1), np.float32)).sum(-1)
+        O[t.threadIdx.x] = x.sum(0)
+
+    assert _block_words(chain) >= 32 * 64

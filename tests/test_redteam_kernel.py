@@ -32,7 +32,8 @@ def corpus(tmp_path_factory):
 
 def test_the_part3_attacks_exist():
     assert {"part3_forge_stats", "part3_host_compute", "part3_edit_recording", "part3_smuggle_constants",
-            "part3_dense_shared_two_pass", "part3_dense_registers_two_pass", "part3_dense_lanes"} <= set(ATTACKS)
+            "part3_dense_shared_two_pass", "part3_dense_registers_two_pass", "part3_dense_lanes",
+            "part3_dense_spread_registers"} <= set(ATTACKS)
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))

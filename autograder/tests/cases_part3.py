@@ -18,7 +18,7 @@ Everything expected is computed here:
     block pairs that hold an allowed (query, key) pair; no shared-memory race;
 (d) on-chip state bounded by the tiles (§5.2), measured in the replay: the threads of a block (one
     per query row, B_r rounded up to a warp), the shared memory a block declares, and the most words
-    of per-thread values (registers) live at once in one thread.
+    of per-thread values (registers) live at once in one thread and in one block.
 Every replay also keeps each thread's registers to that thread (course/gpusim/lanes.py): register
 arithmetic that reads across the thread axis (numpy's reductions, gathers, reshapes over it: free
 shuffles a GPU does not have) is refused, so threads exchange values only through shared memory,
@@ -35,6 +35,14 @@ its tiles, independent of Nk: it streams K/V in tiles of B_c keys and keeps only
   instruction that makes a value to the last one that reads it; views count once with their base).
   A value whose last axis is not the thread (a (B_c, d) tile read from shared memory with a uniform
   index, the reference's own layout) is the same in every thread, so each thread holds all of it.
+- `live_words_per_block`: the same count for the whole block: a value alike in every thread (free in
+  the register rule of course/gpusim/lanes.py: a tile read with a uniform index) once, a per-thread
+  value once per thread (T × its words); an elementwise product that only a reduction in the next
+  operation reads ((k_j[:, :, None] * q).sum(1), a multiply-add whose terms a GPU never holds) counts
+  as nothing, its sum counts. The per-thread bound must allow whole tiles held as broadcast values
+  in every thread; without a block count, B_r threads could each keep Nk·d/B_r words of K and of V
+  (exchanged through shared memory, every thread reading only its own words) and the block would
+  hold all of K/V, a few words in each thread, within every other bound.
 - the threads of a block: B_r (the launcher's block = (B_r,)), at most 32·⌈B_r/32⌉; with more (one
   per key), the block's registers could hold every key's K/V, a few words in each thread.
 The bounds (`on_chip_bounds`) are FlashAttention's tiles with room for every legal layout, in words:
@@ -50,7 +58,18 @@ The bounds (`on_chip_bounds`) are FlashAttention's tiles with room for every leg
                acc, the rescaled acc and o (d each), the B_c scores, P̃ and the masks and temporaries
                of the update (B_c each), 8 of each kind; 64 scalars (m, ℓ, α, m_new, ...). The
                reference holds B_c·d + 2·B_c + 3·d + ... (one tile at a time).
-Neither bound depends on Nk, so a kernel that holds all the keys' K/V (2·d words a key) or all the
+    per block  2·B_c·(d+4) + T·(3·d + 3·B_c + 16)          (T: the block's threads, ≤ 32·⌈B_r/32⌉)
+               the K and V tiles once (broadcast values alike in every thread, padded rows
+               included); in each thread its row's state: q, acc and the rescaled acc or o (d each),
+               the scores, P̃ and one temporary of the update (B_c each), 16 scalars (m, ℓ, α, m_new,
+               masks, ...). Tile-sized per-thread products count as their sums (above). The reference
+               holds at most B_c·d + T·(2·d + 2·B_c + 8); every legal kernel (solutions, the kernel_*
+               equivalents) stays within 0.72 of the bound on the cases of this check, and a block
+               that keeps all of K/V spread over its B_r threads (2·Nk·d words,
+               instructor/redteam/part3_dense_spread_registers) exceeds it 2.6× to 7× (Nk = 16 tiles
+               and more). Padding its block to a full warp of threads (T = 32·⌈B_r/32⌉, which the
+               bound allows for) leaves it above by 1.28× at the least (its K/V alone).
+No bound depends on Nk, so a kernel that holds all the keys' K/V (2·d words a key) or all the
 scores of a row exceeds them once Nk is a few tiles long: the cases of this check have Nk ≥ 16·B_c.
 With Nk of one or two tiles, dense attention IS a one-tile FlashAttention, and passes.
 
@@ -534,9 +553,17 @@ def on_chip_bounds(case: KernelCase) -> dict[str, int]:
             "per_thread": 4 * bc * (d + 4) + 8 * (d + bc) + 64}
 
 
+def block_register_bound(case: KernelCase, threads: int) -> int:
+    """FlashAttention's registers per block, in words (module docstring, (d)): the K and V tiles once
+    (broadcast values, alike in every thread) and each of the block's ``threads`` its row's state."""
+    bc, d = case.block_cols, case.d
+    return 2 * bc * (d + 4) + threads * (3 * d + 3 * bc + 16)
+
+
 def check_on_chip_state(student, case: KernelCase) -> None:
-    """The shared memory of a block and the live per-thread values of a thread, measured in the judge's
-    replay, stay within FlashAttention's tiles (on_chip_bounds): K/V streamed in tiles of B_c keys."""
+    """The shared memory of a block, the live per-thread values of a thread and the registers of a block,
+    measured in the judge's replay, stay within FlashAttention's tiles (on_chip_bounds,
+    block_register_bound): K/V streamed in tiles of B_c keys."""
     stats, _ = _counted(student, case)
     shown = None if student.hidden else case.shown(*case.qkv())
     bound = on_chip_bounds(case)
@@ -564,6 +591,14 @@ def check_on_chip_state(student, case: KernelCase) -> None:
                   f"keys ({2 * d} words a key) or {per_thread} scores: FlashAttention's thread holds its row's acc, m "
                   f"and ℓ and one tile of B_c = {bc} keys, at most {bound['per_thread']} words here "
                   f"({tiles}; Nk = {case.nk})"),
+          hint=HINT_ON_CHIP_STATE, inputs=shown)
+    block = int(stats.get("live_words_per_block", 0))
+    regs = block_register_bound(case, max(threads, 1))
+    check(block <= regs, what="the registers of a block hold at once its K/V tiles and its rows' state (§5.1–§5.2)",
+          detail=(f"the block held {block} words in registers at once (a value alike in every thread once, a "
+                  f"per-thread value once per thread), as much as the K/V of {block // (2 * d)} keys: a block's on-chip "
+                  f"state is its tiles, one K/V tile of B_c = {bc} keys and each row's q, acc, m and ℓ, at most {regs} "
+                  f"words here for {threads} threads ({tiles}; Nk = {case.nk})"),
           hint=HINT_ON_CHIP_STATE, inputs=shown)
 
 

@@ -68,6 +68,7 @@ class LaunchCounters:
         # The most words of per-thread values live at once in a block: measured only by a replay
         # (course.gpusim.trace.LiveState); a direct run leaves 0 (the engine does not see registers).
         self.live_words_per_thread = 0
+        self.live_words_per_block = 0  # the same, per block: a value alike in every thread once (LiveState)
 
     def line(self, key: str, lineno: int, fname: str) -> dict[str, int]:
         c = self.lines.get(key)
@@ -117,6 +118,7 @@ class LaunchCounters:
         out.update(_derived(out, buffers))
         out["shared_bytes_per_block"] = int(self.shared_bytes_per_block)
         out["live_words_per_thread"] = int(self.live_words_per_thread)
+        out["live_words_per_block"] = int(self.live_words_per_block)
         out["buffers"] = buffers
         out["lines"] = {
             k: {"source": self.sources[k], **{n: int(v) for n, v in c.items() if v}} for k, c in self.lines.items()
@@ -156,7 +158,7 @@ _SUMMED = tuple(LINE_COUNTERS) + (
 
 
 # Per-block peaks: a report of several launches keeps the largest.
-_PEAKS = ("shared_bytes_per_block", "live_words_per_thread")
+_PEAKS = ("shared_bytes_per_block", "live_words_per_thread", "live_words_per_block")
 
 
 def merge_stats(stats: list[dict]) -> dict:
@@ -164,7 +166,7 @@ def merge_stats(stats: list[dict]) -> dict:
 
     Totals, per-buffer and per-line counters are summed (a buffer used by two launches is counted
     in each, as a real GPU with a cache flushed between kernels would); the per-block peaks
-    (``shared_bytes_per_block``, ``live_words_per_thread``) are the largest of any launch;
+    (``shared_bytes_per_block``, ``live_words_per_thread``, ``live_words_per_block``) are the largest of any launch;
     ``per_launch`` keeps each launch's totals, without its lines and buffers."""
     out: dict = {k: 0 for k in _SUMMED}
     out["kernels"], out["buffers"], out["lines"], out["race_reports"], out["per_launch"] = [], {}, {}, [], []

@@ -518,26 +518,78 @@ def thread_words(value, lanes: int) -> int:
     return n
 
 
+def block_words(value, ax, threads: int, blocks: int, lanes: int) -> int:
+    """Words of a value that ONE thread block holds: a value with a thread axis (``ax``, negative; the
+    lanes.py rule's, or the engine's last axis of one entry per thread) is held once per thread, its
+    words without that axis times the block's ``threads``; a value the same in every thread of a
+    block (a free value: a tile read with a uniform index, a constant; a thread axis of stride 0;
+    with several blocks in a batch, a value equal along the thread axis within every block) is held
+    once. Broadcast axes (stride 0) hold no values of their own."""
+    if not isinstance(value, np.ndarray):
+        return 1
+    shape, strides, nd = value.shape, value.strides, value.ndim
+    if ax is None and lanes > 1 and nd and shape[-1] == lanes and strides[-1] != 0:
+        ax = -1
+    p = None if ax is None or ax == "mixed" or -ax > nd else nd + ax
+    n = 1
+    for i, (s, st) in enumerate(zip(shape, strides)):
+        if i != p and st != 0:
+            n *= s
+    if p is None or strides[p] == 0 or shape[p] != lanes:  # no thread axis, or one broadcast: alike
+        return n
+    if blocks > 1:  # one batch of several blocks: a block's broadcast read is per-lane, alike in its block
+        v = np.moveaxis(value, p, -1).reshape(shape[:p] + shape[p + 1:] + (blocks, threads))
+        if (v == v[..., :1]).all():
+            return n
+    return n * threads
+
+
+_REDUCE_METHODS = {"sum", "prod", "max", "min", "mean", "all", "any"}
+
+
+def _reduces(ev) -> bool:
+    """Is the event a reduction (a ufunc's reduce, np.sum & co, x.sum() & co)?"""
+    tag = ev[0]
+    if tag == "U":
+        return len(ev) >= 3 and ev[2] == "reduce"
+    if tag == "F":
+        return len(ev) >= 2 and ev[1] in _lanes.REDUCTIONS
+    if tag == "M":
+        return len(ev) >= 2 and ev[1] in _REDUCE_METHODS
+    return False
+
+
 class LiveState:
-    """The per-thread values live at each point of one thread-block batch, in words per thread.
+    """The values live at each point of one thread-block batch: in words per thread, and in words
+    per block.
 
     A value is live from the instruction that makes it to the last instruction that reads it
     (read from the batch's events before it runs: ``last_use``). Views (reshape, .T, slices) share
     their base's registers: the values with one base (followed through ``ndarray.base``) count once,
-    as the largest of them (``thread_words``). ``peak`` is the most words live at one time."""
+    as the largest of them (``thread_words``, ``block_words``). ``peak`` is the most words live at
+    one time in a thread, ``block_peak`` in a block: a value held alike by every thread of the block
+    (``lanes``: the lanes.py rule's free values) once, a per-thread value once per thread. For the
+    block, an elementwise product read only by a reduction in the next operation (``(k_j[:, :, None]
+    * q).sum(1)``: a multiply-add, whose terms a GPU never holds) counts as nothing: its sum counts."""
 
-    def __init__(self, events: list, lanes: int) -> None:
-        self.lanes = lanes
+    def __init__(self, events: list, lanes: int, checker=None, threads: int = 1, blocks: int = 1) -> None:
+        self.lanes, self.checker, self.threads, self.blocks = lanes, checker, threads, blocks
         self.last_use: dict[int, int] = {}
+        uses: dict[int, int] = {}
         for i, ev in enumerate(events):
             if type(ev) is list and ev:
                 for tid in _event_refs(ev):
                     self.last_use[tid] = i
+                    uses[tid] = uses.get(tid, 0) + 1
+        self.uses = uses
+        self.events = events
         self.where: dict[int, int] = {}  # live id -> its base's key
-        self.groups: dict[int, dict[int, int]] = {}  # base key -> {live id: words}
-        self.size: dict[int, int] = {}  # base key -> words (the largest view)
+        self.groups: dict[int, dict[int, tuple[int, int]]] = {}  # base key -> {live id: (thread words, block words)}
+        self.size: dict[int, tuple[int, int]] = {}  # base key -> words (the largest view)
         self.total = 0
+        self.btotal = 0
         self.peak = 0
+        self.block_peak = 0
         self.ends: dict[int, list[int]] = {}  # event index -> ids whose last use it is
 
     @staticmethod
@@ -549,13 +601,25 @@ class LiveState:
 
     def _set(self, key: int) -> None:
         g = self.groups[key]
-        new = max(g.values()) if g else 0
-        self.total += new - self.size.get(key, 0)
+        old = self.size.get(key, (0, 0))
         if g:
+            new = (max(x[0] for x in g.values()), max(x[1] for x in g.values()))
             self.size[key] = new
         else:
+            new = (0, 0)
             del self.groups[key]
             self.size.pop(key, None)
+        self.total += new[0] - old[0]
+        self.btotal += new[1] - old[1]
+
+    def _fused(self, i: int, tid: int) -> bool:
+        """Event ``i`` is an elementwise ufunc call (no out=) whose result only the next event reads, a
+        reduction. (A value kept that way is uncounted between two events only: what the reduction
+        makes counts at the next, so a held value cannot hide in a chain of them.)"""
+        ev, evs = self.events[i], self.events
+        return (type(ev) is list and len(ev) >= 7 and ev[0] == "U" and ev[2] == "__call__" and ev[5] is None
+                and self.uses.get(tid) == 1 and self.last_use.get(tid) == i + 1 and i + 1 < len(evs)
+                and type(evs[i + 1]) is list and bool(evs[i + 1]) and _reduces(evs[i + 1]))
 
     def define(self, i: int, tid: int, value) -> None:
         """Event ``i`` made (or wrote in place) the value ``tid``."""
@@ -563,7 +627,10 @@ class LiveState:
             self._drop(tid)
         key = self._base(value)
         self.where[tid] = key
-        self.groups.setdefault(key, {})[tid] = thread_words(value, self.lanes)
+        ck = self.checker
+        ax = ck.ax.get(tid) if ck is not None and ck.on else None
+        bw = 0 if self._fused(i, tid) else block_words(value, ax, self.threads, self.blocks, self.lanes)
+        self.groups.setdefault(key, {})[tid] = (thread_words(value, self.lanes), bw)
         self._set(key)
         self.ends.setdefault(max(i, self.last_use.get(tid, i)), []).append(tid)
 
@@ -574,8 +641,11 @@ class LiveState:
             self._set(key)
 
     def after(self, i: int) -> None:
-        """Event ``i`` is done: note the peak, then free the values it read for the last time."""
-        self.peak = max(self.peak, self.total)
+        """Event ``i`` is done: note the peaks, then free the values it read for the last time."""
+        if self.total > self.peak:
+            self.peak = self.total
+        if self.btotal > self.block_peak:
+            self.block_peak = self.btotal
         for tid in self.ends.pop(i, ()):
             if self.last_use.get(tid, i) <= i:
                 self._drop(tid)
@@ -864,8 +934,8 @@ class _Replayer:
         wheres: list = []
         unrolled = [1]  # per open where(): the unrolled instructions of its mask (leading axes)
         self._charge(len(events))
-        live = LiveState(events, ctx._Lu)
         lanes = _lanes.Checker(ctx._Lu, ctx._T, ctx._block_ids, self._charge)  # registers are per thread (lanes.py)
+        live = LiveState(events, ctx._Lu, lanes, ctx._T, ctx._B)
         op_line = None  # the kernel line of the last operation event that named one
         try:
             for i, ev in enumerate(events):
@@ -962,8 +1032,8 @@ class _Replayer:
                         if type(val) is not int:
                             raise _fail("a bad load result id")
                         env[val] = ctx.load(arr, index, w)
-                        live.define(i, val, env[val])
                         lanes.loaded(val, env[val])
+                        live.define(i, val, env[val])
                     elif tag == "ST":
                         value = self.resolve(val, env)
                         self._charge(int(np.size(value)))
@@ -979,6 +1049,7 @@ class _Replayer:
                 raise _fail("a where() left open")
             live.after(len(events) - 1)
             ctx._ctr.live_words_per_thread = max(ctx._ctr.live_words_per_thread, live.peak)
+            ctx._ctr.live_words_per_block = max(ctx._ctr.live_words_per_block, live.block_peak)
         except (RecordingError, GpuSimError):
             raise
         except (ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError, MemoryError,
