@@ -530,7 +530,7 @@ class HandMade(NamedTuple):
 
 def hand_made_products(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[HandMade]:
     """The ops other than matmuls that read data made from the query side only together with data made
-    from the key or value side only (Sides of data, from `sides`; numbers aside). A correct program
+    from the key or value side only (Sides of data, from `sides`). A correct program
     meets q with k and v in matmuls only (S = Q·Kᵀ, dP = dO·Vᵀ; what follows mixes their results); the
     same product written otherwise (q_i * k summed over d, a stack of q and k reduced by prod, exp of a
     sum of logs, a gather of k by an index made from q) is a matmul whose FLOPs no rule counts. Exempt:
@@ -542,14 +542,14 @@ def hand_made_products(rp: replay.Replayed, sides: dict[int, int] | None = None)
     for index, op in enumerate(rp.prepared):
         name = op.info.short.removesuffix("_")
         if not op.info.view and name not in _MIXING_ALLOWED and op.info.kind not in replay._SHAPE_ONLY \
-                and len(op.reads) > 1:
+                and op.info.trusted is None and len(op.reads) > 1:  # (a judge:: op is the judge's own code)
             q_only = kv_only = None
             tensors = []
             for ref in op.reads:
                 t = rp.env.get(ref)
-                if _is_number(t):
+                if not isinstance(t, torch.Tensor):
                     continue
-                tensors.append(t)
+                tensors.append(t)  # a number made from q is data too: q_ic · k_jc summed over c is q_i · k_j
                 bits = sd.of(ref)  # before the op writes (an in-place mul_ mixes its operands' sides)
                 if bits & Q and not bits & KV:
                     q_only = q_only if q_only is not None else tuple(t.shape)
