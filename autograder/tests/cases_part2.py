@@ -440,10 +440,10 @@ class Sides:
         if self.data_only and op.info.kind in replay._SHAPE_ONLY:
             return
         m = 0
-        out = _first_out(self.rp, op)
+        out = _first_out(self.rp, op) if op.info.kind == "elementwise" else None
         for ref in op.reads:
             if out is not None and out.numel() > 1 and _is_number(self.rp.env.get(ref)):
-                continue  # a number spread over the output passes on no side (k + 0·q[0, 0] is still k)
+                continue  # a number spread over an elementwise op's output passes on no side (k + 0·q[0, 0] is k)
             m |= self.of(ref)
         for leaf in op.leaves:
             if type(leaf) is int:
