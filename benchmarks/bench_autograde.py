@@ -2,17 +2,21 @@
 sandboxed, one judge per core (2 here). Reports submissions per minute, before and after.
 
     python -m benchmarks.bench_autograde [--n 40] [--jobs 2] [--parts 1,2,...] [--sets public,hidden]
-                                         [--sandbox auto|bubblewrap|uid] [--runs after,clean,before]
+                                         [--sandbox auto|bubblewrap|uid] [--runs after,clean,no_reuse,before]
 
 The mix: a quarter correct (solutions/), half buggy (the mutation catalogue instructor/mutations/*.toml
 applied to solutions/, cycling through it), a quarter hostile (the red-team corpus, cycling). Limits
-are the rubric's (20 s per call, ...), as in a real batch. Three runs, on the same submissions:
-- after:  the batch as it is (call time limits scaled from the reference's own time; sandboxed
-          workers forked from a fork server: the judge's in the uid mode, one inside the
-          submission's sandbox under bubblewrap);
-- clean:  the same without the hostile quarter;
-- before: fixed 20 s call limits and every sandboxed worker started afresh (imports torch), i.e.
-          the engine's behaviour before those two changes.
+are the rubric's (20 s per call, ...), as in a real batch. Four runs, on the same submissions:
+- after:    the batch as it is (call time limits scaled from the reference's own time; sandboxed
+            workers forked from a fork server: the judge's in the uid mode, one inside the
+            submission's sandbox under bubblewrap; a part whose reached files an earlier submission
+            of the batch had too takes that result, engine/reuse.py);
+- clean:    the same without the hostile quarter;
+- no_reuse: `after` with every part of every submission graded (--no-reuse): what the mix costs
+            when no two submissions share a file (the mix's copies of solutions/ and of the starter
+            favour reuse: 10 identical correct submissions, 20 that differ from them in one file);
+- before:   fixed 20 s call limits, every sandboxed worker started afresh (imports torch), one
+            worker for all parts, no reuse, i.e. the engine's behaviour before those changes.
 The machine's load average is printed before and after each run (the machine may be shared).
 
 Sandbox overhead per worker start: the time to start `python -I -S -c pass` through the sandbox
@@ -97,13 +101,13 @@ def machine_cpu_s() -> tuple[float, float]:
     return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz  # idle and iowait are not busy
 
 
-def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: bool) -> dict:
+def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: bool, reuse: bool) -> dict:
     load0 = os.getloadavg()
     busy0 = machine_cpu_s()
     ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     summary = run_batch(subs, out, jobs=a.jobs, progress=sys.stderr.isatty(), sandbox=a.sandbox,
                         options=Options(parts=parts, test_sets=tuple(a.sets.split(",")), limits=limits,
-                                        scale_timeouts=scale))
+                                        scale_timeouts=scale, reuse=reuse))
     ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     busy1 = machine_cpu_s()
     rusage_cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1))
@@ -128,6 +132,7 @@ def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: 
         if cpu > 0 else None,
         "mix": {k: sum(v.startswith(k) for v in kinds.values()) for k in ("correct", "buggy", "hostile")},
         "call_time_limits": summary.get("call_time_limits", {"scaled": False}),
+        "parts_reused": summary.get("parts_reused", 0),
         "mean_worker_starts_per_submission": round(statistics.mean(starts), 2) if starts else 0.0,
         "mean_worker_startup_s": round(statistics.mean(startup), 3) if startup else None,
         "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
@@ -142,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--parts", default=None, help="comma-separated parts (default: all)")
     ap.add_argument("--sets", default="public,hidden")
     ap.add_argument("--sandbox", default="auto", choices=["auto", "bubblewrap", "uid"])
-    ap.add_argument("--runs", default="after,clean,before", help="which runs (after, clean, before)")
+    ap.add_argument("--runs", default="after,clean,no_reuse,before", help="which runs (after, clean, no_reuse, before)")
     # `make bench` calls main() with no arguments: the full run, unless BENCH_AUTOGRADE_ARGS says otherwise
     a = ap.parse_args(list(argv) if argv is not None else os.environ.get("BENCH_AUTOGRADE_ARGS", "").split())
     parts = [int(x) for x in a.parts.split(",")] if a.parts else None
@@ -156,12 +161,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for name, kind in kinds.items():
             if not kind.startswith("hostile"):
                 shutil.copytree(subs / name, clean / name)
-        plans = {"after": (subs, kinds, {}, True),
-                 "clean": (clean, {k: v for k, v in kinds.items() if not v.startswith("hostile")}, {}, True),
-                 "before": (subs, kinds, {"fork_server": False}, False)}
+        plans = {"after": (subs, kinds, {}, True, True),
+                 "clean": (clean, {k: v for k, v in kinds.items() if not v.startswith("hostile")}, {}, True, True),
+                 "no_reuse": (subs, kinds, {}, True, False),
+                 "before": (subs, kinds, {"fork_server": False, "worker_per_part": False}, False, False)}
         for run in runs:
-            folder, mix, limits, scale = plans[run]
-            result[run] = _one_run(folder, Path(tmp) / f"out-{run}", mix, a, parts, limits, scale)
+            folder, mix, limits, scale, reuse = plans[run]
+            result[run] = _one_run(folder, Path(tmp) / f"out-{run}", mix, a, parts, limits, scale, reuse)
             print(f"{run}: {result[run]['submissions_per_minute']} submissions/min "
                   f"({result[run]['wall_s']} s, load {result[run]['load_average_before_after']})", flush=True)
     box = require(a.sandbox)

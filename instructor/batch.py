@@ -354,8 +354,9 @@ def _score(report: dict) -> dict:
 
 def reference_run(options: Options, slot: int = 0, grade: Callable | None = None) -> tuple[dict[str, float], dict]:
     """Grade the reference (solutions/) on options' parts and test sets, in options' sandbox as judge
-    `slot`'s uid: ({call target: its longest call in seconds}, its score). Raises when grading fails."""
-    report = run_engine(ROOT / "solutions", options, slot, grade)
+    `slot`'s uid: ({call target: its longest call in seconds}, its score). Raises when grading fails.
+    Never a reused result: it measures the calls' times, and checks the set-up afresh."""
+    report = run_engine(ROOT / "solutions", replace(options, reuse=False), slot, grade)
     longest = report.get("timing", {}).get("longest_call_s")
     if not isinstance(longest, dict):
         raise RuntimeError("the grader's report gives no call times")
@@ -371,7 +372,7 @@ def reference_score(options: Options) -> dict:
     """The reference's score with `options`, graded in this process: for a batch that does not
     calibrate (fixed limits, another grader), so that its set-up is checked all the same."""
     try:
-        return _score(run_engine(ROOT / "solutions", options))
+        return _score(run_engine(ROOT / "solutions", replace(options, reuse=False)))
     except Exception as e:  # noqa: BLE001 -- check_reference refuses, naming it
         return {"error": sanitize.line(f"{type(e).__name__}: {e}", 300)}
 
@@ -784,6 +785,9 @@ def _write_summary(out: Path, everyone: list[Entry], entries: list[Entry], resul
         "student_folders": sorted(r.name for r in rows), "instructor_folder": PRIVATE,
         "per_submission_s": {r.name: round(r.elapsed_s, 2) for r in rows if r.elapsed_s},
         "engine_timing": {r.name: r.timing for r in rows if r.timing},  # worker starts, call time
+        # parts taken from an earlier submission of this batch with the same reached files (--no-reuse: none)
+        "reuse": bool(options.reuse),
+        "parts_reused": sum(len((r.timing or {}).get("reused_parts") or []) for r in rows),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
@@ -801,6 +805,8 @@ def print_summary(summary: dict, out: Path) -> None:
     t.add_row("rejected at intake", str(summary["rejected"]))
     t.add_row("time", f"{summary['wall_s']:.1f} s with {summary['jobs']} judge(s)"
               f" ({summary['submissions_per_minute']} submissions/minute)")
+    t.add_row("parts reused", f"{summary.get('parts_reused', 0)} (same files as an earlier submission)"
+              if summary.get("reuse") else "none (--no-reuse)")
     t.add_row("sandbox", escape(summary["sandbox"]))
     t.add_row("process limit", escape(summary["process_limit"]))
     t.add_row("grades", escape(str(out / "grades.csv")))
@@ -1095,6 +1101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="accept a sandbox weaker than asked (rlimits only, or off) instead of refusing")
     ap.add_argument("--fixed-time-limits", action="store_true",
                     help="do not scale each call's time limit from the reference's own time")
+    ap.add_argument("--no-reuse", action="store_true",
+                    help="grade every part of every submission, even where an earlier submission of the batch "
+                         "had the same files for it (by default its result is reused)")
     ap.add_argument("--timeout", type=_seconds, default=1800.0, help="seconds per submission before it is stopped")
     ap.add_argument("--limit", type=_limit, action="append", default=[], metavar="KEY=VALUE",
                     help="engine limit override, e.g. call_timeout_s=5 or memory_mb=2048 (repeatable)")
@@ -1102,7 +1111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)
     options = Options(parts=a.parts, test_sets=a.sets, limits=dict(a.limit), tests_dir=a.tests_dir,
-                      scale_timeouts=not a.fixed_time_limits)
+                      scale_timeouts=not a.fixed_time_limits, reuse=not a.no_reuse)
     summary = run_batch(a.submissions, a.out, jobs=a.jobs, shard=a.shard, options=options, timeout_s=a.timeout,
                         progress=not a.quiet, sandbox=a.sandbox, allow_weak=a.allow_weak_sandbox)
     print_summary(summary, a.out)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import platform
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from autograder.engine import sanitize
+from autograder.engine.reuse import PartResults
 from autograder.engine.runner import student_view
 
 from . import intake
@@ -51,6 +53,9 @@ class Options:
     sandbox: Any = None  # instructor.sandbox.Sandbox, or None (no sandbox: debugging only)
     tests_dir: str | None = None  # another assignment-tests folder (default: autograder/tests)
     scale_timeouts: bool = True  # each call's time limit from the reference's own time (batch.scaled_call_timeouts)
+    # a part whose reached files are byte-identical to those of a submission graded earlier in this
+    # process, with the same settings, takes that result (autograder/engine/reuse.py)
+    reuse: bool = True
 
 
 @dataclass
@@ -104,6 +109,9 @@ def resolve(spec: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
+_REUSE = PartResults()  # this process's earlier part results (a batch judge's: its whole batch)
+
+
 def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable | None = None) -> dict:
     """The engine (options.grader) on a folder of graded files, workers in options.sandbox as
     uid UID_BASE + slot (or the next free one: sandbox.claim_uid). Returns the engine's full report (hidden
@@ -111,6 +119,8 @@ def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable 
     grade = grade or resolve(options.grader)
     prefix = options.sandbox.with_uid(claim_uid(UID_BASE + slot)) if options.sandbox else None
     extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
+    if options.reuse and "reuse" in inspect.signature(grade).parameters:
+        extra["reuse"] = _REUSE
     try:
         report = grade(impl_dir, parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,
                        limits=options.limits or None, **extra)

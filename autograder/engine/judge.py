@@ -100,6 +100,7 @@ class Engine:
         self.parts: dict[tuple[int, bool], PartState] = {}  # (part, diagnosis?) -> losses of its calls
         self.outputs: dict[str, _Output] = {}  # test id -> output of its calls
         self.worker_set: str | None = None  # the test set the current worker has served
+        self.worker_part: int | None = None  # ... and the part
         self.started = time.perf_counter()  # Limits.grade_budget_s counts from here
 
     def limits_for(self, part: int) -> Limits:
@@ -127,18 +128,20 @@ class Engine:
             if f in self.sub.problems:
                 raise StudentError(self.sub.problems[f], kind="missing", target=target)
         step = (self.worker_set, proxy.test_set)
-        if self.worker_set not in (None, proxy.test_set) and step not in _WORKER_MAY_GO_ON:
+        new_set = self.worker_set not in (None, proxy.test_set) and step not in _WORKER_MAY_GO_ON
+        new_part = limits.worker_per_part and self.worker_part not in (None, proxy.part)
+        if new_set or new_part:
             # A worker that saw hidden inputs never serves a public call (whose output is shown) nor a
             # diagnosis (whose hint is shown), nor the other way round: no state passes between the
-            # sets, across parts too. The sandbox also clears what the old worker left in shared folders.
-            # A fork server inside the sandbox (bubblewrap) forks the next set's workers only where they
-            # may know what its earlier ones saw: a worker can leave counters in it (the next PID, its
-            # CPU time).
-            self.pool.discard(spare=False, keep_server=step in _SERVER_MAY_GO_ON)
+            # sets, across parts too. Nor does a worker serve two parts (Limits.worker_per_part). The
+            # sandbox also clears what the old worker left in shared folders. A fork server inside the
+            # sandbox (bubblewrap) forks the next set's workers only where they may know what its
+            # earlier ones saw: a worker can leave counters in it (the next PID, its CPU time).
+            self.pool.discard(spare=False, keep_server=not new_set or step in _SERVER_MAY_GO_ON)
             sweep = getattr(self.pool.prefix, "sweep", None)
             if callable(sweep):
                 sweep()
-        self.worker_set = proxy.test_set
+        self.worker_set, self.worker_part = proxy.test_set, proxy.part
         # Diagnoses count their losses apart, so that they never cost a test a point, and may lose one
         # call per part (a ladder stops at its first loss; a hanging submission then costs one time
         # limit per part, not one per diagnosis); they give up where the part's tests have.

@@ -21,6 +21,10 @@ class Limits:
     threads: int = 1  # torch threads in the worker: deterministic, and fair in parallel batch grading
     fork_server: bool = True  # fork workers from a pre-imported zygote (zygote.py), sandboxed ones too where the sandbox allows
     reply_cap_mb: int = 256  # a reply larger than this (plain data + tensor bytes) costs the call, unread
+    # a worker serves one part only (then a fresh one is forked): whatever one part's files do to the
+    # interpreter (torch.set_default_dtype at import, a patched function) never reaches another part,
+    # so a part's result depends on the files it reaches alone (what runner.grade's reuse relies on)
+    worker_per_part: bool = True
     # wall time of the whole grade (0: none): calls after it are not run, and no call may run past it,
     # so that a channel with a hard limit of its own (Gradescope's) always gets the engine's report
     grade_budget_s: float = 0.0

@@ -25,11 +25,12 @@ from typing import Any, Callable, Iterable, Sequence
 import pytest
 
 from . import cases as case_sets
-from . import sanitize, static
+from . import deps, sanitize, static
 from .checks import CheckFailure, one_thread
 from .errors import exception_hint
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
     prepare_submission
+from .reuse import PartResults, part_key
 from .rubric import Rubric, load_rubric
 from ..scenarios.tracing import paused_gc
 
@@ -474,7 +475,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
           test_sets: Sequence[str] = ("public",), worker_prefix: WorkerPrefix = None,
           rubric: str | os.PathLike | None = None, tests_dir: str | os.PathLike | None = None,
           hidden_dir: str | os.PathLike | None = None, redact_sets: Iterable[str] = ("hidden",), limits: dict | None = None,
-          fail_fast: bool = False, jobs: int = 1) -> dict:
+          fail_fast: bool = False, jobs: int = 1, reuse: PartResults | None = None) -> dict:
     """Grade the implementation folder `impl_dir` and return the report dict (JSON-serialisable).
 
     parts: part numbers (default: all in the rubric). test_sets: "public" and/or "hidden".
@@ -486,6 +487,9 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
     points are then a lower bound).
     jobs: grade the parts in up to `jobs` judge processes at once (parts are independent: each
     has its own tests and reaches only its own files) and merge the reports. 1 = this process.
+    reuse: a store of earlier results (engine/reuse.py): a part whose reached files and settings
+    match an earlier grade's is not run again; its result is taken from the store (a batch judge
+    keeps one for its whole batch). report["timing"]["reused_parts"] lists them.
     """
     started = time.perf_counter()
     numbers_all = sorted(set(parts)) if parts else load_rubric(rubric).numbers
@@ -508,10 +512,20 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
     hidden_path = Path(hidden_dir or DEFAULT_HIDDEN_DIR).resolve()
     if "hidden" in test_sets and not hidden_path.is_dir():
         errors.append(f"the hidden tests are not in this copy ({hidden_path} is missing)")
-    files = [str(p) for n in numbers for p in sorted(tests_path.glob(f"test_part{n}_*.py"))]
 
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         sub = prepare_submission(impl, rubric_obj.all_files(), Path(tmp))
+        reused: dict[int, dict] = {}
+        keys: dict[int, str] = {}
+        if reuse is not None:
+            settings = _reuse_settings(rubric_obj, tests_path, hidden_path, test_sets, redact_sets, limits,
+                                       fail_fast, worker_prefix)
+            for n in numbers:
+                keys[n] = reuse_key(rubric_obj, n, sub, settings)
+                if (hit := reuse.get(keys[n])) is not None:
+                    reused[n] = hit
+        all_numbers, numbers = numbers, [n for n in numbers if n not in reused]
+        files = [str(p) for n in numbers for p in sorted(tests_path.glob(f"test_part{n}_*.py"))]
         refused = {}
         for n in numbers:
             rule = rubric_obj.part(n)
@@ -541,13 +555,75 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
         finally:
             engine.close()
         report = build_report(plugin, sub, rubric_obj, numbers, test_sets, set(redact_sets), tests_path, errors)
+        if reuse is not None:
+            for n in numbers:
+                if _reusable(report, n, engine, plugin):
+                    reuse.put(keys[n], {"row": next(r for r in report["parts"] if r["part"] == n),
+                                        "tests": [t for t in report["tests"] if t["part"] == n]})
+            report = _with_reused(report, all_numbers, reused)
     stats = engine.pool.stats
     report["timing"] = {"wall_s": round(time.perf_counter() - started, 3), "calls": stats.calls,
                         "worker_starts": stats.worker_starts,
                         "worker_startup_s": [round(s, 3) for s in stats.startup_s],
                         "in_calls_s": round(stats.call_s, 3),
-                        "longest_call_s": {t: round(v, 4) for t, v in sorted(stats.longest_s.items())}}
+                        "longest_call_s": {t: round(v, 4) for t, v in sorted(stats.longest_s.items())},
+                        "reused_parts": sorted(reused)}
     return report
+
+
+def _reuse_settings(rubric: Rubric, tests_path: Path, hidden_path: Path, test_sets: Sequence[str],
+                    redact_sets: Iterable[str], limits: dict | None, fail_fast: bool, prefix: Any) -> dict:
+    """What a part's result depends on besides its files (reuse.part_key): the code of the tests and
+    the engine, the environment, and the run's settings."""
+    hashes = _hashes("", rubric, tests_path)
+    hidden = [p for p in hidden_path.rglob("*") if p.is_file() and "__pycache__" not in p.parts] \
+        if hidden_path.is_dir() else []
+    return {"tests": hashes["tests"], "environment": hashes["environment"], "hidden": _sha256_files(hidden),
+            "test_sets": list(test_sets), "redact_sets": sorted(redact_sets), "limits": limits or {},
+            "fail_fast": fail_fast, "sandbox": getattr(prefix, "mode", None) if prefix is not None else None}
+
+
+def reuse_key(rubric: Rubric, part: int, sub: Any, settings: dict) -> str:
+    """reuse.part_key of part `part` of the submission copy `sub`: the texts of the files it reaches
+    (or why each was not taken)."""
+    reached = {f: sub.present[f] if f in sub.present else "\0" + sub.problems.get(f, "missing")
+               for f in sorted(deps.reach(rubric, part, sub.present))}
+    return part_key(part, reached, {**settings, "part_rule": repr(rubric.part(part))})
+
+
+_LOST_KINDS = {"timeout", "crash", "exit", "output", "memory", "protocol", "reply", "gave_up"}
+
+
+def _reusable(report: dict, n: int, engine: Engine, plugin: GradingPlugin) -> bool:
+    """Whether part n's result may serve a later submission: no error in the run, none of its tests
+    could not run, no call of it was lost and none gave up (all of which depend on the machine)."""
+    if report["errors"] or any(engine.parts.get((n, d)) and engine.parts[(n, d)].losses for d in (False, True)):
+        return False
+    if not engine.limits_for(n).worker_per_part:
+        return False
+    row = next(r for r in report["parts"] if r["part"] == n)
+    if row["status"] == "error":
+        return False
+    for info in plugin.items:
+        if info["part"] == n:
+            exc = plugin.results.get(info["nodeid"], {}).get("exc")
+            if isinstance(exc, StudentError) and exc.kind in _LOST_KINDS:
+                return False
+    return True
+
+
+def _with_reused(report: dict, numbers: Sequence[int], reused: dict[int, dict]) -> dict:
+    """report (of the parts run) with the reused parts' rows and tests put in, in part order."""
+    if not reused:
+        return report
+    rows = {r["part"]: r for r in report["parts"]}
+    rows.update({n: e["row"] for n, e in reused.items()})
+    tests = {n: [t for t in report["tests"] if t["part"] == n] for n in numbers}
+    tests.update({n: e["tests"] for n, e in reused.items()})
+    parts = [rows[n] for n in numbers]
+    return {**report, "parts": parts, "tests": [t for n in numbers for t in tests[n]],
+            "total": round(sum(p["points"] for p in parts), 4),
+            "max_total": float(sum(p["max_points"] for p in parts))}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -518,8 +518,9 @@ def _is_number(t: Any) -> bool:
     return not isinstance(t, torch.Tensor) or replay._effective_numel(t) <= 1
 
 
-# ops that may read query-side and key-side data together: the matmuls (their FLOPs are counted)
-_MIXING_ALLOWED = frozenset(_MATMULS) | {"einsum"}
+# ops that may read query-side and key-side data together: the matmuls (their FLOPs are counted;
+# einsum never reaches a record: the dispatcher lowers it to bmm, mul and views)
+_MIXING_ALLOWED = frozenset(_MATMULS)
 
 
 class HandMade(NamedTuple):

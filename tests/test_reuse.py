@@ -1,0 +1,183 @@
+"""A part's result is reused only for byte-identical reached files and settings (engine/reuse.py).
+
+A tiny three-part assignment is written to a temp folder and graded through autograder.engine.grade
+as the real one is: part 2's file imports part 1's, part 3's stands alone.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autograder.engine import grade
+from autograder.engine.reuse import PartResults
+from instructor.grading import Options, grade_one
+
+REPO = Path(__file__).resolve().parent.parent
+
+RUBRIC = """
+[limits]
+call_timeout_s = 2
+
+[[part]]
+number = 1
+name = "A"
+points = 10
+marker = "part1"
+files = ["a.py"]
+
+[[part]]
+number = 2
+name = "B"
+points = 10
+marker = "part2"
+files = ["b.py"]
+
+[[part]]
+number = 3
+name = "C"
+points = 10
+marker = "part3"
+files = ["c.py"]
+"""
+
+TESTS = {
+    "test_part1_a.py": '''
+import pytest
+from autograder.engine import check
+pytestmark = pytest.mark.part1
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_twice(student, n):
+    check(student.call("a.twice", n) == 2 * n, what="twice(n)")
+''',
+    "test_part2_b.py": '''
+import pytest
+from autograder.engine import check
+pytestmark = pytest.mark.part2
+
+def test_four_times(student):
+    check(student.call("b.four_times", 3) == 12, what="four_times(3)")
+''',
+    "test_part3_c.py": '''
+import pytest
+from autograder.engine import check
+pytestmark = pytest.mark.part3
+
+def test_plus_one(student):
+    check(student.call("c.plus_one", 1) == 2, what="plus_one(1)")
+
+def test_default_dtype(student):
+    got = student.call("c.default_dtype")
+    check(got == "torch.float32", what="torch's default dtype in part 3's worker", detail=f"got {got}")
+''',
+}
+
+A = "def twice(n):\n    return 2 * n\n"
+B = "from .a import twice\n\ndef four_times(n):\n    return twice(twice(n))\n"
+C = ("def plus_one(n):\n    print('adding one')\n    return n + 1\n\n"
+     "def default_dtype():\n    import torch\n    return str(torch.get_default_dtype())\n")
+
+
+@pytest.fixture(scope="module")
+def assignment(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("reuse")
+    (root / "rubric.toml").write_text(RUBRIC)
+    (root / "tests").mkdir()
+    for name, text in TESTS.items():
+        (root / "tests" / name).write_text(textwrap.dedent(text))
+    return {"rubric": root / "rubric.toml", "tests_dir": root / "tests", "hidden_dir": root / "no-hidden"}
+
+
+def submission(folder: Path, **files: str) -> Path:
+    folder.mkdir(parents=True)
+    for name, text in {"a": A, "b": B, "c": C, **files}.items():
+        (folder / f"{name}.py").write_text(text)
+    return folder
+
+
+def graded(report: dict) -> str:
+    """What a student or the grades.csv could see of a report (timings differ from run to run)."""
+    return json.dumps({k: report[k] for k in ("parts", "tests", "total", "max_total", "errors")}, sort_keys=True)
+
+
+def test_identical_reached_files_take_the_earlier_result(assignment, tmp_path):
+    store = PartResults()
+    first = grade(submission(tmp_path / "one"), reuse=store, **assignment)
+    assert first["total"] == 30 and first["timing"]["reused_parts"] == []
+    other_c = C.replace("n + 1", "1 + n")  # part 3's file differs; parts 1 and 2 reach a.py and b.py only
+    second_dir = submission(tmp_path / "two", c=other_c)
+    second = grade(second_dir, reuse=store, **assignment)
+    assert second["timing"]["reused_parts"] == [1, 2]
+    assert graded(second) == graded(grade(second_dir, **assignment))  # the same report as a fresh grade
+    assert any(t.get("output") for t in second["tests"] if t["part"] == 3)
+
+
+def test_an_edit_to_an_imported_file_grades_every_part_that_reaches_it(assignment, tmp_path):
+    store = PartResults()
+    grade(submission(tmp_path / "one"), reuse=store, **assignment)
+    wrong = grade(submission(tmp_path / "two", a="def twice(n):\n    return n + n + 1\n"), reuse=store, **assignment)
+    assert wrong["timing"]["reused_parts"] == [3]  # b.py imports a.py: part 2 runs again, and fails
+    assert [p["points"] for p in wrong["parts"]] == [0.0, 0.0, 10.0]
+
+
+def test_settings_are_part_of_the_key(assignment, tmp_path):
+    store = PartResults()
+    sub = submission(tmp_path / "one")
+    grade(sub, reuse=store, **assignment)
+    assert grade(sub, reuse=store, limits={"call_timeout_s": 3}, **assignment)["timing"]["reused_parts"] == []
+    assert grade(sub, reuse=store, parts=[3], **assignment)["timing"]["reused_parts"] == [3]
+    assert grade(sub, reuse=store, redact_sets=(), **assignment)["timing"]["reused_parts"] == []
+
+
+def test_a_part_whose_calls_were_lost_is_never_kept(assignment, tmp_path):
+    """A timeout depends on the machine's load: the next identical submission is graded afresh."""
+    store = PartResults()
+    slow = submission(tmp_path / "slow", c=C.replace("    print('adding one')\n", "    while True:\n        pass\n"))
+    first = grade(slow, reuse=store, **assignment)
+    assert "timed out" in next(t["message"] for t in first["tests"] if t["part"] == 3)
+    again = grade(slow, reuse=store, **assignment)
+    assert again["timing"]["reused_parts"] == [1, 2]
+    assert graded(again) == graded(first)
+
+
+def test_a_worker_serves_one_part(assignment, tmp_path):
+    """Part 1's file changes torch's default dtype when it is imported. Part 3 runs after it: with a
+    worker of its own it never sees that (so part 3's result depends on its own files alone)."""
+    sub = submission(tmp_path / "one", a="import torch\ntorch.set_default_dtype(torch.float64)\n\n" + A)
+    own = grade(sub, **assignment)
+    assert [p["points"] for p in own["parts"]] == [10.0, 10.0, 10.0]
+    shared = grade(sub, limits={"worker_per_part": False}, **assignment)  # the old behaviour
+    failure = next(t for t in shared["tests"] if t["id"].endswith("test_default_dtype"))
+    assert failure["outcome"] == "failed" and "torch.float64" in failure["message"]
+
+
+def test_the_store_is_bounded():
+    store = PartResults(total_bytes=3000, entry_bytes=1200)
+    assert not store.put("big", {"tests": ["x" * 2000]})  # larger than one entry may be
+    for i in range(5):
+        assert store.put(f"k{i}", {"tests": ["x" * 900]})
+    assert len(store) == 3 and store.size <= 3000  # the least recently used went first
+    assert store.get("k0") is None and store.get("k4") is not None
+    got = store.get("k4")
+    got["tests"].append("changed")
+    assert store.get("k4") == {"tests": ["x" * 900]}  # callers get copies
+
+
+def test_the_channels_reuse_through_grade_one(tmp_path):
+    """grade_one (every channel's one function) passes its process's store to the engine; --no-reuse
+    (Options.reuse=False) grades every part."""
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        shutil.copy(REPO / "solutions" / "flash_decoding.py", tmp_path / name / "flash_decoding.py")
+    options = Options(parts=[6], test_sets=("public",))
+    first = grade_one(tmp_path / "one", tmp_path / "work-one", options)
+    second = grade_one(tmp_path / "two", tmp_path / "work-two", options)
+    assert first.view["total"] == second.view["total"] == 15.0
+    assert second.timing["reused_parts"] == [6]
+    assert second.view["tests"] == first.view["tests"]
+    third = grade_one(tmp_path / "two", tmp_path / "work-three", Options(parts=[6], test_sets=("public",), reuse=False))
+    assert third.timing["reused_parts"] == [] and third.view["tests"] == first.view["tests"]
