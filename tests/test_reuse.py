@@ -181,3 +181,21 @@ def test_the_channels_reuse_through_grade_one(tmp_path):
     assert second.view["tests"] == first.view["tests"]
     third = grade_one(tmp_path / "two", tmp_path / "work-three", Options(parts=[6], test_sets=("public",), reuse=False))
     assert third.timing["reused_parts"] == [] and third.view["tests"] == first.view["tests"]
+
+
+def test_a_batch_counts_its_reused_parts_and_grades_alike_without_them(tmp_path):
+    """Two identical submissions and one that differs: the batch reuses the repeated part, the
+    summary counts it, and --no-reuse (Options.reuse=False) writes byte-identical grades."""
+    from instructor.batch import run_batch
+
+    subs = tmp_path / "subs"
+    for name, source in (("ann", "solutions"), ("ben", "solutions"), ("cat", "starter")):
+        (subs / name).mkdir(parents=True)
+        shutil.copy(REPO / source / "flash_decoding.py", subs / name / "flash_decoding.py")
+    summaries = {}
+    for reuse in (True, False):
+        options = Options(parts=[6], test_sets=("public",), reuse=reuse)
+        summaries[reuse] = run_batch(subs, tmp_path / f"out-{reuse}", jobs=0, options=options, progress=False,
+                                     sandbox="auto")  # the sandbox a batch would use here
+    assert summaries[True]["parts_reused"] >= 1 and summaries[False]["parts_reused"] == 0
+    assert (tmp_path / "out-True" / "grades.csv").read_bytes() == (tmp_path / "out-False" / "grades.csv").read_bytes()
