@@ -10,7 +10,8 @@ are the rubric's (20 s per call, ...), as in a real batch. Four runs, on the sam
 - after:    the batch as it is (call time limits scaled from the reference's own time; sandboxed
             workers forked from a fork server: the judge's in the uid mode, one inside the
             submission's sandbox under bubblewrap; a part whose reached files an earlier submission
-            of the batch had too takes that result, engine/reuse.py);
+            of the batch, or the reference graded to calibrate, had too takes that result, whichever
+            judge graded it: engine/reuse.py);
 - clean:    the same without the hostile quarter;
 - no_reuse: `after` with every part of every submission graded (--no-reuse): what the mix costs
             when no two submissions share a file (the mix's copies of solutions/ and of the starter

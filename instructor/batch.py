@@ -42,19 +42,21 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 from autograder.engine import sanitize
 from autograder.grade import Parser, UsageError, positive_int, run_cli, writable_folder
 from autograder.engine.limits import Limits, check_overrides
+from autograder.engine.reuse import PartResults
 from autograder.engine.runner import DEFAULT_HIDDEN_DIR, DEFAULT_TESTS_DIR, TEST_SETS
 from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (tests, tools)
 
 from . import intake
 from .grading import (DEFAULT_GRADER, STATUSES, UID_BASE, Graded, Options, environment, failed,  # noqa: F401
-                      grade_one, resolve, run_engine, sandbox_info, sweep, write_outputs)
+                      grade_one, resolve, run_engine, sandbox_info, seed_reuse, share_results, sweep,
+                      take_new_results, write_outputs)
 from .sandbox import SandboxError, require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +104,15 @@ def _judge_main(conn, slot: int, options: Options) -> None:
         if type(task) is tuple and task[0] == "limits":
             options.limits = {**(options.limits or {}), "call_timeouts": task[1]}
             continue
+        if type(task) is tuple and task[0] == "seed":  # the reference's parts, under the limits just set
+            try:
+                seed_reuse(options, task[1], ROOT / "solutions")
+            except Exception:  # noqa: BLE001 -- reuse saves time; without it every part is graded
+                pass
+            continue
+        if type(task) is tuple and task[0] == "share":  # what the other judges graded
+            share_results(task[1])
+            continue
         if type(task) is tuple and task[0] == "calibrate":
             try:
                 conn.send(("ok", *reference_run(replace(options, parts=task[1]), slot, grade)))
@@ -112,7 +123,7 @@ def _judge_main(conn, slot: int, options: Options) -> None:
         try:
             graded = grade_one(Path(task.entry), Path(task.work), options, name=task.name, slot=slot, env=env,
                                grade=grade)
-            conn.send(("ok", graded.to_json(), time.perf_counter() - t0))
+            conn.send(("ok", graded.to_json(), time.perf_counter() - t0, take_new_results()))
         except BaseException as e:  # noqa: BLE001 -- a grading failure must not stop the batch
             conn.send(("error", sanitize.line(f"{type(e).__name__}: {e}", 300), traceback.format_exc()[-3000:]))
 
@@ -134,6 +145,14 @@ class Judge:
         self.task, self.started = task, time.perf_counter()
         self.deadline = self.started + timeout
         self.conn.send(task)
+
+    def send_quietly(self, message: tuple) -> None:
+        """A message between submissions (limits, results to reuse): a judge that died is replaced
+        when its next submission finds it dead."""
+        try:
+            self.conn.send(message)
+        except OSError:
+            pass
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -279,9 +298,11 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     calibrate = bool(entries) and options.scale_timeouts and options.grader == DEFAULT_GRADER
     if entries and not calibrate:  # the check calibrating would have made
         info["reference"] = check_reference(reference_score(options), options)
+    seeds: list[dict] = []  # the reference's part results, for the judges' stores (grading.seed_reuse)
     if calibrate and (inline or jobs == 1):
-        info["call_time_limits"] = scaled_call_timeouts(options)
+        info["call_time_limits"] = scaled_call_timeouts(options)  # inline: seeds this process's store
         info["reference"] = check_reference(info["call_time_limits"].pop("reference"), options)
+        seeds = info["call_time_limits"].pop("seeds", [])
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     if options.sandbox is not None and options.sandbox.kind == "uid":
@@ -307,7 +328,7 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
                 results[e.name] = _finish(out, e, graded)
         else:
             _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env,
-                       info if calibrate and jobs > 1 else None, prepare)
+                       info if calibrate and jobs > 1 else None, prepare, seeds)
     except SystemExit:  # refused before anyone was graded (the judges' reference check): leave no empty --out
         if created and not any(out.iterdir()):
             out.rmdir()
@@ -352,15 +373,18 @@ def _score(report: dict) -> dict:
             "tests": len(report.get("tests") or []), "first_error": sanitize.line(errors[0], 200) if errors else ""}
 
 
-def reference_run(options: Options, slot: int = 0, grade: Callable | None = None) -> tuple[dict[str, float], dict]:
+def reference_run(options: Options, slot: int = 0,
+                  grade: Callable | None = None) -> tuple[dict[str, float], dict, list[dict]]:
     """Grade the reference (solutions/) on options' parts and test sets, in options' sandbox as judge
-    `slot`'s uid: ({call target: its longest call in seconds}, its score). Raises when grading fails.
-    Never a reused result: it measures the calls' times, and checks the set-up afresh."""
-    report = run_engine(ROOT / "solutions", replace(options, reuse=False), slot, grade)
+    `slot`'s uid: ({call target: its longest call in seconds}, its score, its parts' results for the
+    batch's store: grading.seed_reuse, none with --no-reuse). Raises when grading fails.
+    Never a reused result: it measures the calls' times, and checks the set-up afresh (an empty store)."""
+    store = PartResults() if options.reuse else None
+    report = run_engine(ROOT / "solutions", replace(options, reuse=False), slot, grade, store=store)
     longest = report.get("timing", {}).get("longest_call_s")
     if not isinstance(longest, dict):
         raise RuntimeError("the grader's report gives no call times")
-    return {str(t): float(v) for t, v in longest.items()}, _score(report)
+    return {str(t): float(v) for t, v in longest.items()}, _score(report), store.entries() if store else []
 
 
 def reference_call_times(options: Options, slot: int = 0, grade: Callable | None = None) -> dict[str, float]:
@@ -424,10 +448,13 @@ def scaled_call_timeouts(options: Options) -> dict:
     each on some of the parts (_calibrate_in_judges)."""
     t0 = time.perf_counter()
     try:
-        longest, score = reference_run(options)
+        longest, score, entries = reference_run(options)
     except Exception as e:  # noqa: BLE001 -- no scaling then; check_reference refuses
         return {**_not_scaled(e), "reference": {"error": sanitize.line(f"{type(e).__name__}: {e}", 300)}}
-    return {**call_time_limits(longest, options, t0), "reference": score}
+    info = call_time_limits(longest, options, t0)
+    if score["points"] >= score["max_points"] - 1e-6:  # (check_reference refuses the batch otherwise)
+        seed_reuse(options, entries, ROOT / "solutions")  # this process's store: a batch graded here
+    return {**info, "reference": score, "seeds": entries}
 
 
 def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: float) -> dict:
@@ -451,6 +478,7 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
     longest: dict[str, float] = {}
     failure = None
     score = {"points": 0.0, "max_points": 0.0, "tests": 0, "first_error": ""}
+    seeds: list[dict] = []
     for j, _ in asked:
         try:
             reply = j.conn.recv() if j.conn.poll(timeout_s) else ("error", "it took too long")
@@ -464,9 +492,10 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
         for k in ("points", "max_points", "tests"):
             score[k] += reply[2][k]
         score["first_error"] = score["first_error"] or reply[2].get("first_error", "")
+        seeds += reply[3]
     if failure is not None:
         return {**_not_scaled(failure), "reference": {"error": sanitize.line(failure, 300)}}
-    info = {**call_time_limits(longest, options, t0), "reference": score}
+    info = {**call_time_limits(longest, options, t0), "reference": score, "seeds": seeds}
     for j in judges:
         try:
             j.conn.send(("limits", options.limits["call_timeouts"]))
@@ -477,10 +506,16 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
 
 def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: Options, timeout_s: float,
                progress: bool, results: dict, env: dict, calibrate_into: dict | None = None,
-               prepare: Callable[[], None] | None = None) -> None:
+               prepare: Callable[[], None] | None = None, seeds: Sequence[dict] = ()) -> None:
     """Grade `entries` in `jobs` judges. calibrate_into: first scale the call time limits in the
     judges (_calibrate_in_judges) and record how into this dict (the summary's info). prepare: called
-    once the reference passed, before the first submission is graded (clear_previous)."""
+    once the reference passed, before the first submission is graded (clear_previous). seeds: the
+    reference's part results for every judge's store (calibrating gives its own).
+
+    The judges share one store of part results (engine/reuse.py): each reply brings the parts that
+    judge graded, and every other judge gets them before its next submission (never while it grades:
+    a judge reads its pipe only between submissions), so a part graded once is graded once per batch,
+    not once per judge."""
     if not entries:
         return
     ctx = mp.get_context("spawn")  # a clean interpreter per judge; never fork a process with threads
@@ -493,10 +528,15 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
         if calibrate_into is not None:
             calibrate_into["call_time_limits"] = _calibrate_in_judges(judges, options, timeout_s)
             calibrate_into["reference"] = check_reference(calibrate_into["call_time_limits"].pop("reference"), options)
+            seeds = calibrate_into["call_time_limits"].pop("seeds", [])
             for i, j in enumerate(judges):  # one that died calibrating grades nothing: a fresh one does
                 if not j.proc.is_alive():
                     j.kill()
                     judges[i] = Judge(ctx, j.slot, options)
+        shares = {j.slot: _Share() for j in judges}  # per judge slot: results it has yet to get
+        if seeds:
+            for j in judges:
+                j.send_quietly(("seed", list(seeds)))
         if prepare is not None:
             prepare()
         idle = list(judges)
@@ -505,6 +545,8 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
             while idle and queue:
                 j = idle.pop(0)
                 e = queue.pop(0)
+                if shares[j.slot].entries:
+                    j.send_quietly(("share", shares[j.slot].take()))
                 j.submit(Task(e.name, str(e.path), str(work / e.name)), timeout_s)
                 busy.append(j)
             ready = mp.connection.wait([j.conn for j in busy] + [j.proc.sentinel for j in busy], timeout=0.5)
@@ -530,9 +572,14 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
                     judges.remove(j)
                     j = Judge(ctx, j.slot, options)
                     judges.append(j)
+                    if seeds:
+                        j.send_quietly(("seed", list(seeds)))
                 if outcome[0] == "ok":
                     graded = Graded.from_json(outcome[1])
                     graded.elapsed_s = elapsed
+                    for other in judges:  # the results it graded, for the others (bounded: SHARE_BYTES)
+                        if other.slot != j.slot:
+                            shares[other.slot].add(outcome[3] if len(outcome) > 3 else {})
                 else:
                     graded = failed(e.path, work / e.name, options, e.name, outcome[1], outcome[2], env, elapsed)
                 results[e.name] = _finish(out, e, graded)
@@ -548,6 +595,27 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
         for j in judges:
             j.proc.join(10)
             j.kill()
+
+
+SHARE_BYTES = 32 << 20  # results waiting for one judge: beyond this, it grades those parts itself
+
+
+@dataclass
+class _Share:
+    """Part results another judge graded, waiting for this judge's next submission."""
+
+    entries: dict = field(default_factory=dict)
+    size: int = 0
+
+    def add(self, new: dict) -> None:
+        for key, entry in new.items():
+            n = len(json.dumps(entry))
+            if self.size + n <= SHARE_BYTES:
+                self.entries[key], self.size = entry, self.size + n
+
+    def take(self) -> dict:
+        entries, self.entries, self.size = self.entries, {}, 0
+        return entries
 
 
 class _Progress:

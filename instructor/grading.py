@@ -112,15 +112,18 @@ def resolve(spec: str) -> Callable:
 _REUSE = PartResults()  # this process's earlier part results (a batch judge's: its whole batch)
 
 
-def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable | None = None) -> dict:
+def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable | None = None,
+               store: PartResults | None = None) -> dict:
     """The engine (options.grader) on a folder of graded files, workers in options.sandbox as
     uid UID_BASE + slot (or the next free one: sandbox.claim_uid). Returns the engine's full report (hidden
-    tests already redacted)."""
+    tests already redacted). store: the part results to take from and add to (default: this process's
+    own when options.reuse, else none)."""
     grade = grade or resolve(options.grader)
     prefix = options.sandbox.with_uid(claim_uid(UID_BASE + slot)) if options.sandbox else None
     extra = {"tests_dir": options.tests_dir} if options.tests_dir else {}
-    if options.reuse and "reuse" in inspect.signature(grade).parameters:
-        extra["reuse"] = _REUSE
+    store = store if store is not None else (_REUSE if options.reuse else None)
+    if store is not None and "reuse" in inspect.signature(grade).parameters:
+        extra["reuse"] = store
     try:
         report = grade(impl_dir, parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,
                        limits=options.limits or None, **extra)
@@ -130,6 +133,38 @@ def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable 
         # the mode with how this submission's workers started (bubblewrap: forked inside the sandbox or not)
         report = {**report, "sandbox": prefix.mode_used()}
     return json.loads(json.dumps(report))  # plain JSON from here on
+
+
+def seed_reuse(options: Options, entries: Sequence[dict], solutions: Path) -> int:
+    """Put the reference's part results (batch.reference_run's `entries`, graded before the call time
+    limits were scaled) in this process's store, under the keys a submission with the reference's files
+    gets with `options` (the scaled limits). Sound because the limits are at least TIMEOUT_FACTOR times
+    the reference's longest call to each target, and nothing else in the settings changed: no call of
+    it would be lost under them, so its result there is the same. The batch grades the reference anyway
+    (to scale the limits and check the set-up), so a student's part that has the reference's files then
+    costs nothing. Returns how many were put (none with --no-reuse or another grader)."""
+    if not options.reuse or options.grader != DEFAULT_GRADER or not entries:
+        return 0
+    from autograder.engine.runner import reuse_keys
+
+    by_part = {int(e["row"]["part"]): e for e in entries}
+    kwargs = {"tests_dir": options.tests_dir} if options.tests_dir else {}
+    keys = reuse_keys(solutions, parts=sorted(by_part), test_sets=options.test_sets, worker_prefix=options.sandbox,
+                      limits=options.limits or None, **kwargs)
+    return sum(_REUSE.put(keys[n], e, shared=True) for n, e in by_part.items())
+
+
+def take_new_results() -> dict[str, dict]:
+    """What this process's grades added to its store since the last call (a batch judge sends it to the
+    batch, which passes it on to the other judges: share_results)."""
+    return _REUSE.take_new()
+
+
+def share_results(entries: dict[str, dict]) -> None:
+    """Put another judge's new part results (take_new_results) in this process's store. They are keyed
+    by that judge with the same settings, and judges are trusted processes: no worker reaches them."""
+    for key, entry in entries.items():
+        _REUSE.put(key, entry, shared=True)
 
 
 def grade_one(entry: Path | None, work: Path, options: Options, *, name: str | None = None, slot: int = 0,

@@ -339,7 +339,8 @@ def test_the_cli_refuses_bad_arguments(tmp_path):
 
 
 class _FakeJudge:
-    """A judge's pipe end: answers ("calibrate", parts) with one call time per part."""
+    """A judge's pipe end: answers ("calibrate", parts) with one call time per part (and each part's
+    result, for the batch's store)."""
 
     def __init__(self, slot: int, fail: bool = False) -> None:
         self.slot, self.fail, self.sent, self._reply = slot, fail, [], None
@@ -349,7 +350,8 @@ class _FakeJudge:
         self.sent.append(msg)
         if msg[0] == "calibrate":
             self._reply = ("error", "boom") if self.fail else ("ok", {f"part{n}.fn": 0.01 * n for n in msg[1]},
-                                                                 {"points": 1.0, "max_points": 1.0, "tests": 1})
+                                                                 {"points": 1.0, "max_points": 1.0, "tests": 1},
+                                                                 [{"row": {"part": n}, "tests": []} for n in msg[1]])
 
     def poll(self, timeout=None) -> bool:
         return self._reply is not None
@@ -376,6 +378,7 @@ def test_calibration_shares_the_parts_out_among_the_judges_and_sends_every_judge
     assert info["scaled"] is True and info["limits_s"] == want
     assert options.limits["call_timeouts"] == want  # replacement judges are started with these options
     assert all(j.sent[-1] == ("limits", want) for j in judges)
+    assert sorted(e["row"]["part"] for e in info["seeds"]) == sorted(numbers)  # every share's results, for the store
 
 
 def test_calibration_that_fails_in_one_judge_scales_nothing():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,58 @@ def test_a_batch_counts_its_reused_parts_and_grades_alike_without_them(tmp_path)
                                      sandbox="auto")  # the sandbox a batch would use here
     assert summaries[True]["parts_reused"] >= 1 and summaries[False]["parts_reused"] == 0
     assert (tmp_path / "out-True" / "grades.csv").read_bytes() == (tmp_path / "out-False" / "grades.csv").read_bytes()
+
+
+def test_the_reference_seeds_the_store_under_the_scaled_limits(tmp_path, monkeypatch):
+    """Scaling the call time limits grades the reference anyway; its parts then serve a submission with
+    the reference's files under the scaled limits (grading.seed_reuse), with the result a fresh grade
+    gives there. Another file is graded."""
+    from instructor import batch, grading
+
+    monkeypatch.setattr(grading, "_REUSE", PartResults())  # only what the seeding put there
+    options = Options(parts=[6], test_sets=("public",))
+    info = batch.scaled_call_timeouts(options)
+    assert info["scaled"] and info["reference"]["points"] == 15.0 and len(info["seeds"]) == 1
+    assert len(grading._REUSE) == 1 and grading._REUSE.take_new() == {}  # seeds are not passed on again
+    for name, source in (("same", "solutions"), ("other", "starter")):
+        (tmp_path / name).mkdir()
+        shutil.copy(REPO / source / "flash_decoding.py", tmp_path / name / "flash_decoding.py")
+    seeded = grade_one(tmp_path / "same", tmp_path / "work-same", options)
+    assert seeded.timing["reused_parts"] == [6]
+    fresh = grade_one(tmp_path / "same", tmp_path / "work-fresh", replace(options, reuse=False))
+    assert fresh.timing["reused_parts"] == [] and fresh.view["tests"] == seeded.view["tests"]
+    assert grade_one(tmp_path / "other", tmp_path / "work-other", options).timing["reused_parts"] == []
+    off = replace(options, reuse=False, limits={})
+    assert batch.scaled_call_timeouts(off)["seeds"] == []  # --no-reuse: nothing to seed
+
+
+def test_judges_share_what_they_graded(tmp_path):
+    """A batch's judges share one store: a part one judge graded comes back with its reply, and another
+    judge given it (between submissions) takes it instead of grading it again."""
+    import multiprocessing as mp
+
+    from instructor.batch import Judge, Task
+    from instructor.grading import Graded
+
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        shutil.copy(REPO / "starter" / "flash_decoding.py", tmp_path / name / "flash_decoding.py")
+    ctx = mp.get_context("spawn")
+    options = Options(parts=[6], test_sets=("public",))
+    judges = [Judge(ctx, slot, options) for slot in (0, 1)]
+    try:
+        judges[0].submit(Task("one", str(tmp_path / "one"), str(tmp_path / "work-one")), 600)
+        first = judges[0].conn.recv()
+        assert first[0] == "ok" and len(first[3]) == 1  # the part it graded, for the others
+        judges[1].send_quietly(("share", first[3]))
+        judges[1].submit(Task("two", str(tmp_path / "two"), str(tmp_path / "work-two")), 600)
+        second = judges[1].conn.recv()
+        assert second[0] == "ok" and second[3] == {}
+        one, two = Graded.from_json(first[1]), Graded.from_json(second[1])
+        assert one.timing["reused_parts"] == [] and two.timing["reused_parts"] == [6]
+        assert two.view["tests"] == one.view["tests"]
+    finally:
+        for j in judges:
+            j.send_quietly(None)
+            j.proc.join(30)
+            j.kill()

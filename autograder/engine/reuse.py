@@ -12,7 +12,9 @@ one in one file only. A part's result is a function of
 because the tests are deterministic, the judge decides every point from its own replay, and every
 part gets workers of its own (Limits.worker_per_part), so no other part's code runs before it in the
 same interpreter. The store holds such results in the judge's own memory (no worker can reach it),
-keyed by a SHA-256 of all of the above.
+keyed by a SHA-256 of all of the above. A batch shares it among its judges (instructor/batch.py:
+each judge sends what it graded, the batch passes it on) and seeds it with the reference's parts,
+graded anyway to scale the call time limits.
 
 What is never kept: a part whose calls were lost (a timeout, a crash, out of memory: these depend on
 the machine's load), one that gave up (the grade's time budget), one with a test that could not run,
@@ -51,6 +53,7 @@ class PartResults:
         self.total_bytes, self.entry_bytes = total_bytes, entry_bytes
         self.size = 0
         self.hits = self.misses = 0
+        self._new: list[str] = []  # keys graded here since the last take_new (a batch shares them)
 
     def get(self, key: str) -> dict | None:
         found = self._entries.get(key)
@@ -61,17 +64,31 @@ class PartResults:
         self.hits += 1
         return copy.deepcopy(found[0])
 
-    def put(self, key: str, entry: dict) -> bool:
-        """Keep `entry` (a deep copy); False when it is too large to keep."""
+    def put(self, key: str, entry: dict, shared: bool = False) -> bool:
+        """Keep `entry` (a deep copy); False when it is too large to keep. shared: it came from
+        another judge of the batch (take_new leaves it out)."""
         n = len(json.dumps(entry))
         if n > self.entry_bytes or key in self._entries:
             return False
         self._entries[key] = (copy.deepcopy(entry), n)
         self.size += n
+        if not shared:
+            self._new.append(key)
         while self.size > self.total_bytes:
             _, (_, m) = self._entries.popitem(last=False)
             self.size -= m
         return True
+
+    def entries(self) -> list[dict]:
+        """Copies of every entry kept, least recently used first."""
+        return [copy.deepcopy(e) for e, _ in self._entries.values()]
+
+    def take_new(self) -> dict[str, dict]:
+        """{key: entry} of what was put here (not shared) since the last call and is still kept: a
+        batch judge sends them to the batch, which passes them on to its other judges."""
+        new = {k: copy.deepcopy(self._entries[k][0]) for k in self._new if k in self._entries}
+        self._new.clear()
+        return new
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -520,10 +520,8 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
         if reuse is not None:
             settings = _reuse_settings(rubric_obj, tests_path, hidden_path, test_sets, redact_sets, limits,
                                        fail_fast, worker_prefix)
-            for n in numbers:
-                keys[n] = reuse_key(rubric_obj, n, sub, settings)
-                if (hit := reuse.get(keys[n])) is not None:
-                    reused[n] = hit
+            keys = {n: reuse_key(rubric_obj, n, sub, settings) for n in numbers}
+            reused = {n: hit for n in numbers if (hit := reuse.get(keys[n])) is not None}
         all_numbers, numbers = numbers, [n for n in numbers if n not in reused]
         files = [str(p) for n in numbers for p in sorted(tests_path.glob(f"test_part{n}_*.py"))]
         refused = {}
@@ -569,6 +567,26 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                         "longest_call_s": {t: round(v, 4) for t, v in sorted(stats.longest_s.items())},
                         "reused_parts": sorted(reused)}
     return report
+
+
+def reuse_keys(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
+               test_sets: Sequence[str] = ("public",), worker_prefix: WorkerPrefix = None,
+               rubric: str | os.PathLike | None = None, tests_dir: str | os.PathLike | None = None,
+               hidden_dir: str | os.PathLike | None = None, redact_sets: Iterable[str] = ("hidden",),
+               limits: dict | None = None, fail_fast: bool = False) -> dict[int, str]:
+    """{part: the key under which grade(impl_dir, same arguments, reuse=store) keeps that part's result}, without
+    grading: a store's entries graded under other settings can be put under these keys when the result
+    is known to hold there too (the batch's calibration: the reference graded before the call time
+    limits were scaled, with every call far below them; instructor/batch.py)."""
+    rubric_obj = load_rubric(rubric)
+    numbers = sorted(set(parts)) if parts else rubric_obj.numbers
+    tests_path = Path(tests_dir or DEFAULT_TESTS_DIR).resolve()
+    hidden_path = Path(hidden_dir or DEFAULT_HIDDEN_DIR).resolve()
+    settings = _reuse_settings(rubric_obj, tests_path, hidden_path, test_sets, redact_sets, limits, fail_fast,
+                               worker_prefix)
+    with tempfile.TemporaryDirectory(prefix="grade-keys-") as tmp:
+        sub = prepare_submission(Path(impl_dir), rubric_obj.all_files(), Path(tmp))
+        return {n: reuse_key(rubric_obj, n, sub, settings) for n in numbers}
 
 
 def _reuse_settings(rubric: Rubric, tests_path: Path, hidden_path: Path, test_sets: Sequence[str],
