@@ -256,6 +256,8 @@ def test_every_result_says_which_sandbox_it_ran_in(red):
     for name, v in red["views"].items():
         if mode != "bubblewrap":
             assert v["sandbox"] == mode
+        elif name == "honest_solutions":  # the reference's files: every part taken from the batch's store
+            assert v["sandbox"] == "bubblewrap", v["sandbox"]  # (seeded by the calibration): no worker started
         elif name in HONEST:  # bubblewrap says how the workers started: forked inside the sandbox
             assert v["sandbox"] == "bubblewrap (workers forked from a fork server inside the sandbox)", v["sandbox"]
         else:  # or, where an attack broke its fork server, started directly (the same sandbox per worker)
