@@ -51,7 +51,7 @@ def _descendants_cpu_s() -> float:
 
 
 def main() -> dict:
-    from autograder.engine import judge, replay
+    from autograder.engine import judge, memory, replay
     from autograder.engine.rubric import load_rubric
     from autograder.engine.runner import grade
 
@@ -95,9 +95,12 @@ def main() -> dict:
     print(f"{'all':>4} {tot['tests']:>5} {tot['requests']:>8} {tot['replays']:>7} {tot['ops']:>8,} {tot['judge_cpu_s']:>8.2f} "
           f"{tot['worker_cpu_s']:>8.2f} {tot['wall_s']:>7.2f}")
     cores = os.cpu_count() or 1
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10  # KiB on Linux
+    print(f"the judge's peak resident memory: {peak / 2**30:.2f} GB (the judge's bound, judge_memory_mb: "
+          f"{memory.bound() / 2**30:.1f} GB)")
     print(f"{cpu:.2f} CPU-s per submission: at most {cores * 60 / cpu:.1f} such submissions per minute on {cores} "
           f"cores; 60 per minute on 2 cores needs 2.0 CPU-s, 80 needs 1.5")
-    return {"rows": rows, "cpu_s": cpu}
+    return {"rows": rows, "cpu_s": cpu, "judge_peak_bytes": peak}
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import protocol, sanitize
+from . import memory, protocol, sanitize
 from .errors import StudentError
 from .limits import Limits
 from .paths import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT
@@ -160,6 +160,7 @@ class Engine:
         sink = self.outputs.setdefault(proxy.test_id, _Output(limits.output_keep_bytes, limits.output_cap_bytes))
         sink.total = 0  # the cap applies per call; `data` keeps accumulating up to `keep`
         spare = state.losses + 1 < limits.max_losses  # a replacement only if this part may call again
+        memory.set_bound(limits.judge_memory_mb)  # also what replay.py checks during this call's replays
         try:
             reply, buffers = self.pool.request(op, target, args, kwargs, timeout, sink, [m + ".py" for m in allowed],
                                                spare=spare)
@@ -175,9 +176,19 @@ class Engine:
                 self.pool.discard(spare)
             raise error
         try:
-            return protocol.decode_value(reply.get("value"), buffers)
+            value = protocol.decode_value(reply.get("value"), buffers)
         except protocol.ProtocolError as e:
             raise StudentError(f"{target} returned malformed data ({e})", kind="protocol", target=target) from None
+        del reply, buffers
+        used = memory.over_bound()
+        if used is not None:
+            # Each reply is capped (Limits.reply_cap_mb); this bounds what the replies add up to while
+            # the judge keeps them (a test holds its results, a scenario its records).
+            del value
+            state.lose("reply")
+            raise StudentError(f"{name}'s reply left the judge holding {memory.describe(used)}",
+                               kind="reply", target=label, function=name)
+        return value
 
     def close(self) -> None:
         self.pool.close()

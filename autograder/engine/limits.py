@@ -21,6 +21,9 @@ class Limits:
     threads: int = 1  # torch threads in the worker: deterministic, and fair in parallel batch grading
     fork_server: bool = True  # fork workers from a pre-imported zygote (zygote.py), sandboxed ones too where the sandbox allows
     reply_cap_mb: int = 256  # a reply larger than this (plain data + tensor bytes) costs the call, unread
+    # the judge's own resident memory (memory.py): a reply or a replay that leaves it holding more
+    # costs the call, so that what a submission sends can never exhaust the grading machine
+    judge_memory_mb: int = 3072
     # a worker serves one part only (then a fresh one is forked): whatever one part's files do to the
     # interpreter (torch.set_default_dtype at import, a patched function) never reaches another part,
     # so a part's result depends on the files it reaches alone (what runner.grade's reuse relies on)

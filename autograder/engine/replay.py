@@ -37,6 +37,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
+from autograder.engine import memory
 from autograder.scenarios.tracing import INPLACE_VIEWS as _INPLACE_VIEWS
 
 aten = torch.ops.aten
@@ -887,11 +888,16 @@ def _check_touched(state: dict, budget: Budget) -> None:
                             "in all (the judge's bound)", "budget")
 
 
-def _deadline_passed(deadline: float | None) -> None:
-    """Checked every 256 ops of a pass: the replay's own wall-clock bound (Budget.max_replay_s)."""
+def _checkpoint(deadline: float | None) -> None:
+    """Checked every 256 ops of a pass: the replay's own wall-clock bound (Budget.max_replay_s) and
+    the judge's memory bound (memory.py; the ops' sizes are bounded one by one, not what they keep)."""
     if deadline is not None and time.perf_counter() > deadline:
         raise ReplayRefused("replaying the call took the judge longer than its bound: the recorded ops do far more "
                             "work than the call needs", "budget")
+    used = memory.over_bound()
+    if used is not None:
+        raise ReplayRefused(f"replaying the call took {memory.describe(used)}: the recorded ops keep far more "
+                            "data than the call needs", "budget")
 
 
 def _to_meta(x: Any) -> Any:
@@ -953,7 +959,7 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
     with torch.no_grad():
         for index, op in enumerate(prepared):
             if not index & 255:
-                _deadline_passed(deadline)
+                _checkpoint(deadline)
             info = op.info
             a, kw = _args_of(op, env)
             name = info.name
@@ -1129,7 +1135,7 @@ def _twin_pass(main: Replayed, base: dict[int, Any], record: dict, trusted: dict
     with torch.no_grad():
         for index, op in enumerate(main.prepared):
             if not index & 255:
-                _deadline_passed(deadline)
+                _checkpoint(deadline)
             a, kw = _args_of(op, env)
             result = _run(op, a, kw, trusted)
             leaves = op.leaves

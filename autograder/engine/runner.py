@@ -19,13 +19,14 @@ import re
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import pytest
 
 from . import cases as case_sets
-from . import deps, sanitize, static
+from . import deps, memory, sanitize, static
 from .checks import CheckFailure, one_thread
 from .errors import exception_hint
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
@@ -163,13 +164,17 @@ class GradingPlugin:
                 res["text"] = str(getattr(call.excinfo, "value", "")) if call.excinfo else "skipped"
             elif report.failed and res["exc"] is None:
                 exc = _relevant(call.excinfo.value) if call.excinfo else None
-                res["exc"] = exc
+                res["exc"] = _detached(exc)
                 if isinstance(exc, (CheckFailure, StudentError)) or (isinstance(exc, AssertionError)):
                     res["outcome"] = "failed"
                 else:
                     res["outcome"] = "error"
                 res["text"] = _short_text(report, exc)
                 self.failed_parts.add(self.by_id[item.nodeid]["part"])
+        if call.excinfo is not None:
+            # The report is made: the failed test's frames (its inputs, references, replays) go now,
+            # not when the grade ends (memory.py: kept, they held GBs per hostile part).
+            traceback.clear_frames(call.excinfo.tb)
         return report
 
     # -- hidden failures' hints ----------------------------------------------------------
@@ -217,6 +222,20 @@ def _relevant(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         inner = [e for e in exc.exceptions if isinstance(e, (CheckFailure, StudentError))]
         exc = inner[0] if inner else exc.exceptions[0]
+    return exc
+
+
+def _detached(exc: BaseException | None) -> BaseException | None:
+    """exc without the tracebacks along its chain (causes, contexts, groups): the report is built
+    from the exceptions themselves, and a traceback keeps every frame's locals alive."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
     return exc
 
 
@@ -547,7 +566,10 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                 _freeze_imports()
                 with _pytest_env(), paused_gc():
                     code = pytest.main(args, plugins=[plugin])
+                for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+                    sys.__dict__.pop(name, None)  # pytest keeps the last failure's traceback there
                 gc.collect()
+                memory.trim_if_above(256 << 20)  # the next grade (a batch judge's) starts lean
                 if code not in (0, 1, 5):  # 5: nothing collected (reported per part)
                     errors.append(f"pytest stopped with exit code {int(code)}")
         finally:
