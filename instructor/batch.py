@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from autograder.engine import sanitize
+from autograder.engine import memory, sanitize
 from autograder.grade import Parser, UsageError, positive_int, run_cli, writable_folder
 from autograder.engine.limits import Limits, check_overrides
 from autograder.engine.reuse import PartResults
@@ -123,7 +123,11 @@ def _judge_main(conn, slot: int, options: Options) -> None:
         try:
             graded = grade_one(Path(task.entry), Path(task.work), options, name=task.name, slot=slot, env=env,
                                grade=grade)
-            conn.send(("ok", graded.to_json(), time.perf_counter() - t0, take_new_results()))
+            # A judge still over its memory bound after the grade gave back what it could (a replay or a
+            # reply of this submission left it there, engine/memory.py) asks to be replaced: the next
+            # submission starts in a fresh one instead of inheriting that memory.
+            retire = memory.over_bound() is not None
+            conn.send(("ok", graded.to_json(), time.perf_counter() - t0, take_new_results(), retire))
         except BaseException as e:  # noqa: BLE001 -- a grading failure must not stop the batch
             conn.send(("error", sanitize.line(f"{type(e).__name__}: {e}", 300), traceback.format_exc()[-3000:]))
 
@@ -564,6 +568,8 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
                     outcome, replace = ("error", f"grading took longer than {timeout_s:g} s and was stopped", ""), True
                 if outcome is None:
                     continue
+                if outcome[0] == "ok" and len(outcome) > 4 and outcome[4] is True:
+                    replace = True  # its result stands; it holds more memory than its bound (_judge_main)
                 busy.remove(j)
                 e = by_name[task.name]
                 elapsed = now - j.started

@@ -392,6 +392,91 @@ def test_calibration_that_fails_in_one_judge_scales_nothing():
 
 
 # ---------------------------------------------------------------------------------------------
+# a judge over its memory bound after a grade is replaced
+
+
+class _Pipe:
+    """The judge's end of its pipe, for _judge_main run in this process."""
+
+    def __init__(self, messages: list) -> None:
+        self.messages, self.sent = list(messages), []
+
+    def recv(self):
+        return self.messages.pop(0)
+
+    def send(self, msg) -> None:
+        self.sent.append(msg)
+
+
+@pytest.mark.parametrize("held", [None, 5 << 30])
+def test_a_judge_still_over_its_memory_bound_after_a_grade_asks_to_be_replaced(tmp_path, monkeypatch, held):
+    import signal
+
+    from instructor import batch
+    from instructor.grading import Graded
+
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # _judge_main ignores Ctrl-C: not in pytest's process
+    monkeypatch.setattr(batch.memory, "over_bound", lambda: held)
+    monkeypatch.setattr(batch, "grade_one", lambda entry, work, options, name, **_: Graded(
+        name, str(entry), "graded", "", {"total": 1.0}))
+    pipe = _Pipe([batch.Task("one", str(tmp_path / "one"), str(tmp_path / "work")), None])
+    batch._judge_main(pipe, 0, Options())
+    assert len(pipe.sent) == 1 and pipe.sent[0][0] == "ok"
+    assert pipe.sent[0][4] is (held is not None)
+
+
+class _RetiringJudge:
+    """A judge whose first reply asks to be replaced (the rest do not); a real pipe, no process."""
+
+    made: list["_RetiringJudge"] = []
+
+    def __init__(self, ctx, slot: int, options) -> None:
+        import multiprocessing as mp
+
+        from instructor.grading import Graded
+
+        self.slot, self.task, self.deadline, self.started, self.killed = slot, None, 1e18, 0.0, False
+        self.conn, self._child = mp.Pipe()
+        self._idle, self._never = mp.Pipe()
+        self.proc = self
+        self.sentinel, self.exitcode = self._idle, None
+        self._graded, self._retire = Graded, not _RetiringJudge.made
+        _RetiringJudge.made.append(self)
+
+    def is_alive(self) -> bool:
+        return not self.killed
+
+    def join(self, timeout=None) -> None:
+        pass
+
+    def submit(self, task, timeout: float) -> None:
+        self.task = task
+        graded = self._graded(task.name, task.entry, "graded", "", {"total": 1.0})
+        self._child.send(("ok", graded.to_json(), 0.1, {}, self._retire))
+
+    def send_quietly(self, message: tuple) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_the_batch_replaces_a_judge_that_asks_to_be_and_keeps_its_result(tmp_path, monkeypatch):
+    from instructor import batch
+
+    monkeypatch.setattr(batch, "Judge", _RetiringJudge)
+    monkeypatch.setattr(batch, "_finish", lambda out, e, graded: graded)
+    monkeypatch.setattr(_RetiringJudge, "made", [])
+    entries = [batch.Entry(name, tmp_path / name, name) for name in ("one", "two", "three")]
+    results: dict = {}
+    batch._grade_all(entries, tmp_path / "work", tmp_path / "out", 1, Options(), 60, False, results, {})
+    assert [g.status for g in results.values()] == ["graded"] * 3  # the first judge's result stands
+    made = _RetiringJudge.made
+    assert len(made) == 2 and made[0].killed and made[1].task.name == "three"
+    assert made[0].task.name == "one"  # replaced after its first submission, not before
+
+
+# ---------------------------------------------------------------------------------------------
 # hostile ids and cells, hidden entries, the set-up check, the command line, merge
 
 
