@@ -126,6 +126,7 @@ def _judge_main(conn, slot: int, options: Options) -> None:
             # A judge still over its memory bound after the grade gave back what it could (a replay or a
             # reply of this submission left it there, engine/memory.py) asks to be replaced: the next
             # submission starts in a fresh one instead of inheriting that memory.
+            memory.set_bound(Limits().updated(**(options.limits or {})).judge_memory_mb)
             retire = memory.over_bound() is not None
             conn.send(("ok", graded.to_json(), time.perf_counter() - t0, take_new_results(), retire))
         except BaseException as e:  # noqa: BLE001 -- a grading failure must not stop the batch
@@ -568,8 +569,11 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
                     outcome, replace = ("error", f"grading took longer than {timeout_s:g} s and was stopped", ""), True
                 if outcome is None:
                     continue
-                if outcome[0] == "ok" and len(outcome) > 4 and outcome[4] is True:
-                    replace = True  # its result stands; it holds more memory than its bound (_judge_main)
+                retiring = outcome[0] == "ok" and len(outcome) > 4 and outcome[4] is True
+                if retiring:  # its result stands; it holds more memory than its bound (_judge_main)
+                    replace = True
+                    j.send_quietly(None)  # idle: it exits by itself, closing its workers
+                    j.proc.join(10)
                 busy.remove(j)
                 e = by_name[task.name]
                 elapsed = now - j.started

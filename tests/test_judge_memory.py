@@ -79,7 +79,9 @@ def test_replies_that_add_up_past_the_bound_cost_the_call(assignment):
     fine = grade(**assignment)
     assert fine["total"] == 10, fine["tests"]
     bound_mb = (memory.resident_anon() >> 20) + 256  # this process is the judge
+    before = memory.bound()
     report = grade(**assignment, limits={"judge_memory_mb": bound_mb})
+    assert memory.bound() == before  # the grade's bound ends with it (replays outside a grade keep theirs)
     by_name = {t["id"].split("::")[-1]: t for t in report["tests"]}
     kept = by_name["test_keeps_eight_replies"]
     assert kept["outcome"] == "failed", kept

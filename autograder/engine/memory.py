@@ -5,10 +5,10 @@ every reply it decodes and every replay it runs are data a submission chose the 
 judge is one process for the whole grade (a batch's judge, for many grades). Limits.judge_memory_mb
 is the bound; Engine.request checks it after each reply, replay.py every 256 ops of a pass.
 
-Two things made the judge's memory grow past what it held data for (measured: 15 GB after one part
-of one hostile submission): failed tests' exceptions kept their tracebacks, and through the frames
-every replay of the test (runner.py now drops them); and glibc keeps freed heap pages mapped, so
-resident memory never came down (release() hands them back).
+Two things made the judge's memory grow past what it held data for (measured: 5.7 GB still held
+after grading one hostile submission's part 5, public and hidden): failed tests' exceptions kept
+their tracebacks, and through the frames every replay of the test (runner.py now drops them); and
+glibc keeps freed heap pages mapped, so resident memory never came down (release() hands them back).
 """
 from __future__ import annotations
 

@@ -552,6 +552,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                 refused[n] = static.refusal(found)
         base = Limits().updated(**rubric_obj.defaults).updated(**(limits or {}))
         engine = Engine(sub, rubric_obj, base, worker_prefix, refused, overrides=limits or {})
+        bound_before = memory.bound()
         plugin = GradingPlugin(engine, rubric_obj, numbers, tests_path, redact_sets, fail_fast, test_sets,
                                hidden_path if hidden_path.is_dir() else None)
         try:
@@ -574,6 +575,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                     errors.append(f"pytest stopped with exit code {int(code)}")
         finally:
             engine.close()
+            memory.set_bound(bound_before >> 20)  # Engine.request set this grade's; what runs after keeps its own
         report = build_report(plugin, sub, rubric_obj, numbers, test_sets, set(redact_sets), tests_path, errors)
         if reuse is not None:
             for n in numbers:
