@@ -29,7 +29,7 @@ help:
 	@echo "make debug PART=N [IMPL=starter|DIR]       the first failing public test of part N, in this process (pdb, print); not a grade"
 	@echo "make test                                  the project's test suite"
 	@echo "make demos [IMPL=DIR]                      run the five lecture programs (default: on solutions/)"
-	@echo "make bench [BENCH=flash|gpusim|training|grading|grade_cost|replay|autograde]  benchmarks (ratios measured side by side)"
+	@echo "make bench [BENCH=flash|gpusim|training|grading|grade_cost|judge_cost|replay|autograde]  benchmarks (ratios measured side by side)"
 	@echo "make autograde SUBMISSIONS=dir [OUT=dir]   batch-grade a folder of submissions"
 	@echo "make gradescope                            build the Gradescope autograder zip"
 	@echo "make release [RELEASE_DIR=dir]             write the student repository"
