@@ -85,7 +85,8 @@ def test_replies_that_add_up_past_the_bound_cost_the_call(assignment):
     by_name = {t["id"].split("::")[-1]: t for t in report["tests"]}
     kept = by_name["test_keeps_eight_replies"]
     assert kept["outcome"] == "failed", kept
-    assert "reply left the judge holding" in kept["message"] and "its bound" in kept["message"], kept["message"]
+    assert "reply left the judge holding" in kept["message"] and "its bound" in kept["message"] \
+        and "return only the result" in kept["message"], kept["message"]
     assert by_name["test_small_reply"]["outcome"] == "passed"  # one lost call: the part goes on
 
 

@@ -186,8 +186,9 @@ class Engine:
             # the judge keeps them (a test holds its results, a scenario its records).
             del value
             state.lose("reply")
-            raise StudentError(f"{name}'s reply left the judge holding {memory.describe(used)}",
-                               kind="reply", target=label, function=name)
+            raise StudentError(f"{name}'s reply left the judge holding {memory.describe(used)}: return only "
+                               "the result the function documents (no extra tensors), and keep no results "
+                               "from one call for the next", kind="reply", target=label, function=name)
         return value
 
     def close(self) -> None:
