@@ -315,6 +315,7 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     env = environment()
     work = Path(tempfile.mkdtemp(prefix="autograde-"))  # intake copies: never in the instructor's tree
     results: dict[str, Graded] = {}
+    info["judges_replaced"] = {}  # by why: died, hung, memory (over its bound after a grade)
 
     def prepare() -> None:  # once the set-up is checked, before the first student folder is written
         clear_previous(out, previous, {e.name for e in entries})
@@ -333,7 +334,7 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
                 results[e.name] = _finish(out, e, graded)
         else:
             _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env,
-                       info if calibrate and jobs > 1 else None, prepare, seeds)
+                       info if calibrate and jobs > 1 else None, prepare, seeds, info["judges_replaced"])
     except SystemExit:  # refused before anyone was graded (the judges' reference check): leave no empty --out
         if created and not any(out.iterdir()):
             out.rmdir()
@@ -511,16 +512,18 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
 
 def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: Options, timeout_s: float,
                progress: bool, results: dict, env: dict, calibrate_into: dict | None = None,
-               prepare: Callable[[], None] | None = None, seeds: Sequence[dict] = ()) -> None:
+               prepare: Callable[[], None] | None = None, seeds: Sequence[dict] = (),
+               replaced: dict[str, int] | None = None) -> None:
     """Grade `entries` in `jobs` judges. calibrate_into: first scale the call time limits in the
     judges (_calibrate_in_judges) and record how into this dict (the summary's info). prepare: called
     once the reference passed, before the first submission is graded (clear_previous). seeds: the
-    reference's part results for every judge's store (calibrating gives its own).
+    reference's part results for every judge's store (calibrating gives its own). replaced: counts
+    the judges replaced, by why ("died", "hung", "memory": over its memory bound after a grade).
 
     The judges share one store of part results (engine/reuse.py): each reply brings the parts that
     judge graded, and every other judge gets them before its next submission (never while it grades:
     a judge reads its pipe only between submissions), so a part graded once is graded once per batch,
-    not once per judge."""
+    not once per judge. A judge that replaces another gets everything shared so far."""
     if not entries:
         return
     ctx = mp.get_context("spawn")  # a clean interpreter per judge; never fork a process with threads
@@ -539,6 +542,8 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
                     j.kill()
                     judges[i] = Judge(ctx, j.slot, options)
         shares = {j.slot: _Share() for j in judges}  # per judge slot: results it has yet to get
+        shared = _Share()  # every result shared so far (bounded like a share): for a judge that replaces one
+        replaced = replaced if replaced is not None else {}
         if seeds:
             for j in judges:
                 j.send_quietly(("seed", list(seeds)))
@@ -557,39 +562,44 @@ def _grade_all(entries: list[Entry], work: Path, out: Path, jobs: int, options: 
             ready = mp.connection.wait([j.conn for j in busy] + [j.proc.sentinel for j in busy], timeout=0.5)
             now = time.perf_counter()
             for j in list(busy):
-                task, outcome, replace = j.task, None, False
+                task, outcome, replace = j.task, None, ""
                 if j.conn in ready or j.conn.poll():
                     try:
                         outcome = j.conn.recv()
                     except (EOFError, OSError):
-                        outcome, replace = ("error", "the judge process died", ""), True
+                        outcome, replace = ("error", "the judge process died", ""), "died"
                 elif not j.proc.is_alive():
-                    outcome, replace = ("error", f"the judge process died (exit code {j.proc.exitcode})", ""), True
+                    outcome, replace = ("error", f"the judge process died (exit code {j.proc.exitcode})", ""), "died"
                 elif now > j.deadline:
-                    outcome, replace = ("error", f"grading took longer than {timeout_s:g} s and was stopped", ""), True
+                    outcome, replace = ("error", f"grading took longer than {timeout_s:g} s and was stopped", ""), "hung"
                 if outcome is None:
                     continue
                 retiring = outcome[0] == "ok" and len(outcome) > 4 and outcome[4] is True
                 if retiring:  # its result stands; it holds more memory than its bound (_judge_main)
-                    replace = True
+                    replace = "memory"
                     j.send_quietly(None)  # idle: it exits by itself, closing its workers
                     j.proc.join(10)
                 busy.remove(j)
                 e = by_name[task.name]
                 elapsed = now - j.started
                 if replace:  # a judge that died or hung is replaced (its workers die with it)
+                    replaced[replace] = replaced.get(replace, 0) + 1
                     j.kill()
                     judges.remove(j)
                     j = Judge(ctx, j.slot, options)
                     judges.append(j)
                     if seeds:
                         j.send_quietly(("seed", list(seeds)))
+                    shares[j.slot] = _Share()
+                    shares[j.slot].add(shared.entries)  # what the one it replaces had been given
                 if outcome[0] == "ok":
                     graded = Graded.from_json(outcome[1])
                     graded.elapsed_s = elapsed
+                    new = outcome[3] if len(outcome) > 3 else {}
+                    shared.add(new)
                     for other in judges:  # the results it graded, for the others (bounded: SHARE_BYTES)
-                        if other.slot != j.slot:
-                            shares[other.slot].add(outcome[3] if len(outcome) > 3 else {})
+                        if other.slot != j.slot or replace:
+                            shares[other.slot].add(new)
                 else:
                     graded = failed(e.path, work / e.name, options, e.name, outcome[1], outcome[2], env, elapsed)
                 results[e.name] = _finish(out, e, graded)
@@ -885,6 +895,9 @@ def print_summary(summary: dict, out: Path) -> None:
               f" ({summary['submissions_per_minute']} submissions/minute)")
     t.add_row("parts reused", f"{summary.get('parts_reused', 0)} (same files as an earlier submission)"
               if summary.get("reuse") else "none (--no-reuse)")
+    replaced = summary.get("judges_replaced") or {}
+    if any(replaced.values()):
+        t.add_row("judges replaced", ", ".join(f"{n} ({why})" for why, n in sorted(replaced.items()) if n))
     t.add_row("sandbox", escape(summary["sandbox"]))
     t.add_row("process limit", escape(summary["process_limit"]))
     t.add_row("grades", escape(str(out / "grades.csv")))

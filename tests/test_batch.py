@@ -441,6 +441,7 @@ class _RetiringJudge:
         self.proc = self
         self.sentinel, self.exitcode = self._idle, None
         self._graded, self._retire = Graded, not _RetiringJudge.made
+        self.messages: list = []
         _RetiringJudge.made.append(self)
 
     def is_alive(self) -> bool:
@@ -452,10 +453,10 @@ class _RetiringJudge:
     def submit(self, task, timeout: float) -> None:
         self.task = task
         graded = self._graded(task.name, task.entry, "graded", "", {"total": 1.0})
-        self._child.send(("ok", graded.to_json(), 0.1, {}, self._retire))
+        self._child.send(("ok", graded.to_json(), 0.1, {f"part of {task.name}": {"tests": []}}, self._retire))
 
     def send_quietly(self, message: tuple) -> None:
-        pass
+        self.messages.append(message)
 
     def kill(self) -> None:
         self.killed = True
@@ -469,11 +470,17 @@ def test_the_batch_replaces_a_judge_that_asks_to_be_and_keeps_its_result(tmp_pat
     monkeypatch.setattr(_RetiringJudge, "made", [])
     entries = [batch.Entry(name, tmp_path / name, name) for name in ("one", "two", "three")]
     results: dict = {}
-    batch._grade_all(entries, tmp_path / "work", tmp_path / "out", 1, Options(), 60, False, results, {})
+    replaced: dict = {}
+    batch._grade_all(entries, tmp_path / "work", tmp_path / "out", 1, Options(), 60, False, results, {},
+                     replaced=replaced)
     assert [g.status for g in results.values()] == ["graded"] * 3  # the first judge's result stands
     made = _RetiringJudge.made
     assert len(made) == 2 and made[0].killed and made[1].task.name == "three"
     assert made[0].task.name == "one"  # replaced after its first submission, not before
+    assert replaced == {"memory": 1}  # the summary's judges_replaced
+    # the judge that replaces it gets what it had graded and shared, before its first submission
+    shares = [m[1] for m in made[1].messages if m and m[0] == "share"]
+    assert shares and "part of one" in shares[0], made[1].messages
 
 
 # ---------------------------------------------------------------------------------------------
@@ -536,7 +543,10 @@ def test_hidden_entries_are_listed_as_skipped_and_ids_differ_ignoring_case(tmp_p
     assert all("dot" in s["reason"] for s in summary["skipped"])
     print_summary(summary, tmp_path / "out")
     err = capsys.readouterr().err
-    assert "skipped 2 hidden entries" in err and ".bob" in err
+    assert "skipped 2 hidden entries" in err and ".bob" in err and "judges replaced" not in err
+    assert summary["judges_replaced"] == {}  # in-process: no judge to replace
+    print_summary({**summary, "judges_replaced": {"memory": 2, "died": 0}}, tmp_path / "out")
+    assert "2 (memory)" in capsys.readouterr().err.replace("\n", " ")
 
 
 def _mkdir(p: Path) -> Path:
