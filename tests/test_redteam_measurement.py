@@ -15,7 +15,9 @@ import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,8 +80,51 @@ def graded(corpus, request) -> dict[str, dict]:
     workers = max(1, int(os.environ.get("AUTOGRADER_MUTATION_JOBS", "2")))
     if workers == 1 or len(jobs) < 2:
         return {k: redteam.grade_part(j) for k, j in jobs.items()}
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return dict(zip(jobs, pool.map(redteam.grade_part, jobs.values())))
+    return _grade_in_pool(redteam.grade_part, jobs, workers)
+
+
+def _grade_in_pool(grade: Any, jobs: dict[str, tuple[str, int]], workers: int) -> dict[str, dict | BaseException]:
+    """grade (redteam.grade_part) of every job in a pool; what could not be graded maps to its exception. A
+    grading process that dies breaks the whole pool: the jobs it took down with it are graded again,
+    each in a pool of its own, so that only the job that kills its process errors (its test alone)."""
+    spawn = multiprocessing.get_context("spawn")
+    out: dict[str, dict | BaseException] = {}
+    with ProcessPoolExecutor(workers, mp_context=spawn) as pool:
+        futures = {k: pool.submit(grade, j) for k, j in jobs.items()}
+        for k, f in futures.items():
+            try:
+                out[k] = f.result()
+            except Exception as e:  # noqa: BLE001 -- reported by the test that needs this job
+                out[k] = e
+    for k in [k for k, v in out.items() if isinstance(v, BrokenProcessPool)]:
+        with ProcessPoolExecutor(1, mp_context=spawn) as alone:
+            try:
+                out[k] = alone.submit(grade, jobs[k]).result()
+            except Exception as e:  # noqa: BLE001
+                out[k] = e
+    return out
+
+
+def _report(graded: dict, key: str) -> dict | None:
+    """graded[key], or this test fails naming why that grade could not be made."""
+    got = graded.get(key)
+    if isinstance(got, BaseException):
+        pytest.fail(f"grading {key} failed: {type(got).__name__}: {got}")
+    return got
+
+
+def _dies_on_part_99(job: tuple[str, int]) -> dict:
+    if job[1] == 99:
+        os._exit(3)  # as a grading process killed for its memory would
+    return {"graded": job[0]}
+
+
+def test_a_grading_process_that_dies_costs_its_own_job_only():
+    jobs = {"a": ("a", 1), "dies": ("x", 99), "b": ("b", 2), "c": ("c", 3)}
+    out = _grade_in_pool(_dies_on_part_99, jobs, 2)
+    assert {k: v for k, v in out.items() if k != "dies"} == {"a": {"graded": "a"}, "b": {"graded": "b"},
+                                                               "c": {"graded": "c"}}
+    assert isinstance(out["dies"], BrokenProcessPool)
 
 
 def _test_name(test_id: str) -> str:
@@ -102,8 +147,8 @@ CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"known hol
 def test_attack_scores_no_more_than_an_honest_wrong_answer(name, graded):
     spec = ATTACKS[name]
     part = spec["part"]
-    report, starter = graded[name], graded[f"starter/{part}"]
-    baseline = graded.get(f"baseline/{name}")
+    report, starter = _report(graded, name), _report(graded, f"starter/{part}")
+    baseline = _report(graded, f"baseline/{name}")
     baseline_ids = {t["id"] for t in baseline["tests"] if t["outcome"] == "passed"} if baseline else set()
     baseline_points = baseline["parts"][0]["points"] if baseline else 0.0
     passed = [t for t in report["tests"] if t["outcome"] == "passed"]
