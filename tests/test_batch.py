@@ -579,6 +579,7 @@ def test_bad_command_lines_get_one_line_each(tmp_path, capsys):
         ("--jobs", "x"): "--jobs", ("--limit", "call_timeout=60"): "call_timeout_s, cpu_s",
         ("--limit", "call_timeout_s=-1"): "positive", ("--limit", "call_timeout_s=nan"): "finite",
         ("--limit", "memory_mb=1.5"): "whole", ("--limit", "x"): "KEY=NUMBER",
+        ("--limit", "judge_memory_mb=300"): "at least 1024",
         ("--tests-dir", str(tmp_path / "nonexist")): "--tests-dir", ("--shard", "0/2"): "1 <= i <= n",
     }
     for extra, want in cases.items():

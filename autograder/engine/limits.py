@@ -42,7 +42,9 @@ class Limits:
 
 
 # the smallest value that makes sense for a numeric limit (0 where "none" is meaningful)
-MINIMUM: dict[str, float] = {"output_keep_bytes": 0, "grade_budget_s": 0}
+# (judge_memory_mb: the judge itself holds 0.3-0.6 GB while it grades the reference, `make bench
+# BENCH=grade_cost`; under 1 GB every call of a correct submission would cost it its points)
+MINIMUM: dict[str, float] = {"output_keep_bytes": 0, "grade_budget_s": 0, "judge_memory_mb": 1024}
 
 
 def check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
