@@ -603,12 +603,16 @@ def _run_probe(box: Sandbox, probe_dir: Path) -> tuple[bool, str]:
     from autograder.engine.paths import worker_trees
 
     paths = [str(probe_dir), *map(str, worker_trees(ROOT)), sys.base_prefix, sys.prefix, *_site_dirs()]
-    if box.kind == "uid":
-        cfg = box.confinement(paths)
-        argv = [sys.executable, "-I", "-S", str(CONFINE), json.dumps(cfg)]
-        scratch = cfg["scratch"]
-    else:
-        argv, scratch = box.prefix(paths), "/tmp"
+    try:  # making the box's paths reachable (chown, chmod) may fail, e.g. an unmapped gid in a user namespace
+        if box.kind == "uid":
+            cfg = box.confinement(paths)
+            argv = [sys.executable, "-I", "-S", str(CONFINE), json.dumps(cfg)]
+            scratch = cfg["scratch"]
+        else:
+            argv, scratch = box.prefix(paths), "/tmp"
+    except OSError as e:
+        box.sweep()
+        return False, f"could not set up its paths ({type(e).__name__}: {e})"
     checks = {"unreadable": [], "unwritable": [str(probe_dir)], "writable": [scratch] if box.kind != "uid" else [],
               "readable": [str(ROOT / "course" / "__init__.py"), str(ENGINE_DIR / "worker.py")]}
     if box.isolating:
@@ -761,10 +765,12 @@ def _detect(prefer: str, _bwrap_env: str) -> Sandbox:
     return box
 
 
-def require(mode: str = "auto", allow_weak: bool = False) -> Sandbox:
+def require(mode: str = "auto", allow_weak: bool = False,
+            to_accept: str = "pass --allow-weak-sandbox") -> Sandbox:
     """detect(mode), failing closed: raises SandboxError (one line) unless the result isolates the
     worker (bubblewrap or unprivileged-uid) and is the mode asked for, or allow_weak accepts the
-    rlimits-only fallback. mode "rlimits" itself needs allow_weak."""
+    rlimits-only fallback. mode "rlimits" itself needs allow_weak. to_accept: how the channel's user
+    accepts a weaker mode (named in the refusal)."""
     box = detect(mode)
     want = os.environ.get(ENV_MODE, "auto") if mode == "auto" else mode
     if box.isolating and (want in ("auto", box.kind)):
@@ -772,7 +778,7 @@ def require(mode: str = "auto", allow_weak: bool = False) -> Sandbox:
     if allow_weak:
         return box
     raise SandboxError(f"refusing to grade: sandbox mode {want!r} is not available here ({box.mode}); "
-                       f"fix that, or pass --allow-weak-sandbox to grade with resource limits only")
+                       f"fix that, or {to_accept} to grade with resource limits only")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

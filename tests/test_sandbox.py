@@ -156,6 +156,19 @@ def test_the_uid_mode_without_landlock_is_weak_and_refused(monkeypatch):
     assert sandbox_refusal(replace(box, landlock_abi=7)) is None
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not sandbox.no_fork_filter(), reason="the uid mode needs root and seccomp")
+def test_a_uid_mode_whose_paths_cannot_be_set_up_fails_its_self_test_in_one_line(monkeypatch):
+    """As root in a user namespace (a rootless container) chown to the sandbox's gid fails with EINVAL:
+    the mode is then unavailable, with its reason (so the channel refuses or falls back), not a crash."""
+    def unmapped(self, paths):
+        raise OSError(22, "Invalid argument", "/tmp/sandbox-probe-x")
+
+    monkeypatch.setattr(sandbox.Sandbox, "confinement", unmapped)
+    box, why = sandbox._try_uid(sandbox.no_fork_filter(), sandbox.SandboxLimits())
+    assert box is None and why.startswith("the unprivileged-uid sandbox failed its self-test: could not set up")
+    assert "Invalid argument" in why and "\n" not in why
+
+
 def test_hiding_the_instructor_files_on_a_read_only_file_system_does_not_raise(tmp_path, monkeypatch):
     secret = tmp_path / "hidden_tests"
     secret.mkdir(mode=0o755)
