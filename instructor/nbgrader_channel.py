@@ -54,7 +54,7 @@ from autograder.engine import load_rubric, sanitize
 from . import intake
 from .grading import Options, grade_one
 from .make_notebook import PACKAGE, file_grade_id, part_grade_id
-from .sandbox import detect
+from .sandbox import SandboxError, require
 
 try:  # nbgrader is only needed for the preprocessor (extract works without it)
     from nbgrader.preprocessors import NbGraderPreprocessor
@@ -266,7 +266,9 @@ class EngineGrade(NbGraderPreprocessor):
     test_sets = List(["public", "hidden"], help="engine test sets").tag(config=True)
     parts = List([], help="part numbers to grade (default: all in the rubric)").tag(config=True)
     limits = Dict({}, help="engine limit overrides, e.g. {'call_timeout_s': 10}").tag(config=True)
-    sandbox = Unicode("auto", help="auto (bubblewrap if it works, else rlimits only) or rlimits").tag(config=True)
+    sandbox = Unicode("auto", help="auto (bubblewrap if it works, else the unprivileged uid), bubblewrap, uid or "
+                                   "rlimits (needs allow_weak_sandbox); a mode that is not available refuses to grade"
+                      ).tag(config=True)
     allow_weak_sandbox = Bool(False, help="grade even when the workers get resource limits only "
                               "(no file system isolation)").tag(config=True)
     tests_dir = Unicode("", help="another assignment-tests folder (default: autograder/tests)").tag(config=True)
@@ -342,10 +344,11 @@ def checked_options(cfg: Any) -> Options:
 def _check_setup(cfg: Any) -> Options | str:
     from .batch import check_reference, scaled_call_timeouts
 
-    box = detect("rlimits" if cfg.sandbox == "rlimits" else "auto")
-    if not box.isolating and not cfg.allow_weak_sandbox:
-        return (f"sandbox not available: {box.mode}; refusing to grade (set c.EngineGrade.allow_weak_sandbox = True "
-                "to accept a sandbox that does not isolate)")
+    try:  # the mode asked for, or a refusal: bubblewrap asked for never grades in another mode
+        box = require(cfg.sandbox or "auto", bool(cfg.allow_weak_sandbox),
+                      to_accept="set c.EngineGrade.allow_weak_sandbox = True")
+    except SandboxError as e:
+        return f"sandbox not available (c.EngineGrade.sandbox = {sanitize.line(cfg.sandbox, 40)!r}): {e}"
     try:
         options = Options(parts=[int(p) for p in cfg.parts] or None, test_sets=tuple(cfg.test_sets),
                           limits=dict(cfg.limits), sandbox=box, tests_dir=cfg.tests_dir or None)

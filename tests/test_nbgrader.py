@@ -445,3 +445,20 @@ def test_a_solution_cell_that_lost_its_writefile_line_is_named(tmp_path):
     assert ("its solution cell, cell 1 (file_online_softmax), must start with `%%writefile submission/online_softmax.py`"
             in problems[name]), problems
     assert name in take_notebook(nb, tmp_path / "out2").missing
+
+
+@pytest.mark.parametrize("mode, said", [("bubblewrap", "sandbox mode 'bubblewrap' is not available"),
+                                        ("bogus", "unknown sandbox mode 'bogus'")])
+def test_a_sandbox_mode_asked_for_that_is_not_available_refuses(mode, said, monkeypatch):
+    """c.EngineGrade.sandbox names the mode: one that cannot run here (bubblewrap without bwrap) or a
+    typo refuses before the reference is graded, never falls back to another mode."""
+    from types import SimpleNamespace
+
+    from instructor import nbgrader_channel
+
+    monkeypatch.setenv("GRADER_BWRAP", "/nonexistent/bwrap")
+    cfg = SimpleNamespace(sandbox=mode, allow_weak_sandbox=False, parts=[6], test_sets=["public"], limits={},
+                          tests_dir="")
+    why = nbgrader_channel._check_setup(cfg)
+    assert isinstance(why, str) and why.startswith("sandbox not available") and said in why, why
+    assert "\n" not in why

@@ -61,4 +61,5 @@ c.NotebookClient.kernel_name = NO_KERNEL
 c.ExecutePreprocessor.kernel_name = NO_KERNEL
 c.Execute.kernel_name = NO_KERNEL
 guard_save_autogrades()
+# c.EngineGrade.sandbox = "bubblewrap"      # auto (default), bubblewrap or uid: refused where not available
 # c.EngineGrade.allow_weak_sandbox = True   # accept resource limits only where bubblewrap cannot run
