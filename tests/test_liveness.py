@@ -151,6 +151,18 @@ def test_a_statistic_broadcast_over_the_keys_keeps_the_tile_and_a_reduction_over
 
     assert _keys(softmax_tile, q, k, rows={0: FORWARD_ROWS[0], 1: FORWARD_ROWS[1]}).keys == 4
 
+    # each 2-key tile plus 0 · a statistic at the tile's own shape (full operands, not broadcast ones)
+    def tiles_mixed_with_materialised_statistics(q, k):
+        kept = []
+        for j in range(0, 4, 2):
+            s = q @ k[j:j + 2].t()
+            r = s.amax(-1, keepdim=True).expand_as(s).contiguous() + s.sum(-1, keepdim=True).repeat(1, 2)
+            kept.append(s + 0.0 * r)  # the same scores: still the tile's (query, key) data
+        return torch.stack(kept).sum(0)
+
+    mixed = _keys(tiles_mixed_with_materialised_statistics, q, k, rows={0: FORWARD_ROWS[0], 1: FORWARD_ROWS[1]})
+    assert mixed.keys == 4  # both tiles kept together (before: the mixed tiles counted as reduced, 2 keys)
+
     def one_key_statistics(q, k):  # the row max and sum over a tile of ONE key are reductions over the keys
         out = []
         for j in range(4):

@@ -27,7 +27,8 @@ their reads and outputs, the tensors of the replay and their storages):
 What the tags cannot see, by construction (a reduction must leave reduced tags, or the row max of a tile
 would be a tile): scores of one key laundered through a reduction that loses nothing (a sum over a dim of
 one; over data of several keys, or of none, such a reduction is a copy: _combines_nothing), mixed
-elementwise with a reduced tensor of their own shape, or packed two keys to an element by arithmetic; and
+elementwise with other keys' data of their own shape, or, one key at a time (a column of one key), with a
+reduced tensor of their own shape (_keeps_several), or packed two keys to an element by arithmetic; and
 an invertible transform along the keys done as a matmul (whose FLOPs the FLOP rules count). The peak of
 live data made from q and k (a measure of memory, blind to all tags) backs them where the shapes separate.
 A product whose value is multiplied by zero still reaches the result: live_ops follows data, not values.
@@ -262,6 +263,34 @@ def _combine(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | N
     return torch.where((mn == 0) | (mn == mx), mx, REDUCED)
 
 
+def _several(t: torch.Tensor) -> torch.Tensor:
+    """Per field (query, key): whether the tags t name more than one row (a tile of scores, not the data
+    of one key or one query row)."""
+    ids = t.reshape(-1, t.shape[-1])
+    low = torch.where(ids >= 2, ids, _BIG).amin(0)
+    return (low < _BIG) & (low < ids.amax(0))
+
+
+def _keeps_several(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """_combine, except that an operand whose field names several rows (a tile of several keys: then its
+    query rows too, even one) keeps its ids where the other operand is reduced: a statistic of the tile's
+    own shape (a row max expanded and made contiguous, a row sum repeated) mixed into scores, as in
+    s + 0·R, leaves them scores, as a broadcast statistic does (_spread). Data of ONE key combined with a
+    reduced tensor is still reduced, since that is how a per-key online softmax folds each key into m, ℓ
+    and acc (and P·V of a one-key segment is a mul, not a matmul): the price is that scores mixed one key
+    at a time stay out of sight."""
+    out = _combine(a, b)
+    if a is None or b is None:
+        return out
+    for t, other in ((a, b), (b, a)):
+        keep = _several(t)
+        if bool(keep[KEY]):  # scores of several keys stay (query, key) data, of one query row too (a decode)
+            keep[QUERY] = True
+        if bool(keep.any()):
+            out = torch.where(keep & (t >= 2) & (other == REDUCED), t, out)
+    return out
+
+
 def _spread(full: torch.Tensor | None, spread: torch.Tensor | None) -> torch.Tensor | None:
     """An element's tag from its full operands' tag and its broadcast operands' tag: a statistic broadcast
     over the keys does not hide the key of S in S - m (P̃ = exp(S - m) is still indexed by key j), nor the
@@ -383,7 +412,7 @@ class PairTags:
         """Per element: (query, key) data (both fields an id)."""
         return t.amin(-1) >= 2
 
-    combine = staticmethod(_combine)
+    combine = staticmethod(_keeps_several)
     spread = staticmethod(_spread)
     reduce = staticmethod(_reduce)
 
