@@ -322,6 +322,18 @@ def test_a_branch_on_tensor_values_that_goes_otherwise_on_the_judges_inputs_is_r
     assert err.value.kind == "data_dependent"
 
 
+def test_an_op_that_raises_on_the_judges_values_is_the_records_failure_not_the_judges():
+    """An index computed from data may be in range on the recorded inputs and out of range on the twin's:
+    the op then raises in the judge, and that must be the submission's failed check (a refusal), never an
+    error of the grader's own (which would put the whole submission on the instructor's regrade list)."""
+    x, idx = torch.randn(4, 6), torch.tensor([[0], [1], [2], [3]])
+    record = record_call(lambda x, i: torch.gather(x, 1, i) * 2, [x, idx], x, idx)
+    assert R.replay(record, [x, idx]).result.shape == (4, 1)
+    with pytest.raises(R.ReplayRefused, match="raised on the judge's inputs") as err:
+        R.replay(record, [x, torch.tensor([[0], [1], [2], [99]])])
+    assert err.value.kind == "data_dependent"
+
+
 def einsum_attention(q, k, v):
     return torch.einsum("nd,md->nm", q, k) @ v
 

@@ -920,9 +920,16 @@ def _check_branch(op: _Op, result: Any) -> None:
 def _run(op: _Op, a: list, kw: dict, trusted: dict) -> Any:
     """Run one op in the replay (with the checks every pass makes)."""
     info = op.info
-    if info.trusted is not None:
-        return trusted[info.trusted](*a, **kw)
-    result = info.call(*a, **kw)
+    # An op that raises on the judge's values (an index computed from data that is out of range on the
+    # twin's inputs, say) is the record's failure, never the judge's: the meta check saw only shapes.
+    try:
+        if info.trusted is not None:
+            return trusted[info.trusted](*a, **kw)
+        result = info.call(*a, **kw)
+    except Exception as exc:  # noqa: BLE001 -- whatever a recorded op raises, the submission fails
+        raise ReplayRefused(f"the recorded op {info.name[:60]} raised on the judge's inputs ({type(exc).__name__}): "
+                            "graded code must not compute indices or shapes from the values of its inputs",
+                            "data_dependent") from None
     if info.empty and type(result) is torch.Tensor:
         result.zero_()  # uninitialised memory would make the replay nondeterministic
     if info.scalar_out:
