@@ -211,7 +211,17 @@ def zero_report(reason: str, parts: Sequence[int] | None) -> dict:
              "total": 0, "status": "error", "first_failure": {"test": None, "message": reason, "kind": "rejected"}}
             for p in _rubric_parts() if not parts or p["part"] in parts]
     return {"parts": rows, "total": 0.0, "max_total": float(sum(r["max_points"] for r in rows)), "tests": [],
-            "errors": [reason], "hashes": {}}
+            "errors": [reason], "hashes": {}, "test_sets": []}
+
+
+def judge_error_failure(report: dict) -> dict:
+    """The failure of a grade in which some test raised an error of its own (the engine's report
+    lists them as judge_errors): those tests' 0 is the tests' fault, not the submission's, so the row
+    is not graded and goes to the instructor (grading-error.txt, the regrade list), never a silent 0."""
+    ids = report["judge_errors"]
+    return {"reason": f"{len(ids)} test(s) raised an error of their own, not the submission's (first: "
+                      f"{sanitize.line(ids[0], 200)}): fix the tests, then regrade",
+            "traceback": "\n".join(report.get("errors", []))}
 
 
 def _rejection(sub: intake.Submission, parts: Sequence[int] | None = None) -> str:
@@ -230,6 +240,8 @@ def result(sub: intake.Submission, report: dict | None, failure: dict | None, op
     """A Graded from the intake, the engine's report (or None) and a failure (or None)."""
     env = env or environment()
     info = sandbox_info(options)
+    if failure is None and report is not None and report.get("judge_errors"):
+        failure = judge_error_failure(report)
     if failure is not None:
         status, reason = "failed to grade", f"failed to grade: {failure['reason']}"
     elif report is None:
@@ -243,6 +255,8 @@ def result(sub: intake.Submission, report: dict | None, failure: dict | None, op
         for row in view["parts"]:
             row["points"], row["status"] = None, "not graded"
         view["not_graded"] = NOT_GRADED
+    if report is not None:  # what the engine ran (a grader plug-in may not say: the options')
+        view.setdefault("test_sets", list(options.test_sets))
     view["student"] = sub.name
     view["status"] = status
     view["intake"] = {"notes": sub.notes(), "files": sub.files, "sha256": sub.sha256}
@@ -285,8 +299,9 @@ def feedback_markdown(graded: Graded) -> str:
     if hidden:
         lines += ["", "## Hidden tests", "", "Named, not revealed: their inputs and expected values are not shown.", ""]
         lines += [f"- `{name}`: {ok}/{n} passed" for name, ok, n in hidden]
-    lines += ["", "---", f"Graded with the test sets {', '.join(view.get('test_sets') or ['public'])}. "
-              f"Sandbox: {sanitize.markdown(view.get('sandbox', '?'))}.", ""]
+    sets = view.get("test_sets")  # a rejected submission ran none: say so, never a default
+    ran = f"Graded with the test sets {', '.join(sets)}." if sets else "Nothing of this submission was run."
+    lines += ["", "---", f"{ran} Sandbox: {sanitize.markdown(view.get('sandbox', '?'))}.", ""]
     return "\n".join(lines)
 
 

@@ -300,3 +300,51 @@ def test_merge_refuses_an_incomplete_set_of_shards(tmp_path):
     assert not (tmp_path / "m1").exists()
     grades = merge([tmp_path / f"s{i}" for i in (1, 2, 3)], tmp_path / "m3")
     assert [r["student"] for r in csv.DictReader(grades.open())] == ["a", "b", "c"]
+
+
+# A test of the instructor's own that breaks (a KeyError of its own) on an output it did not expect:
+# a judge-side error, not the submission's mistake, so its 0 must not be handed out as the grade.
+BROKEN_TEST = '''
+import pytest
+import torch
+
+pytestmark = pytest.mark.part1
+
+
+def test_breaks_on_an_output_it_did_not_expect(student):
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    out = student.call("online_softmax.naive_softmax", x)
+    if not torch.allclose(out, torch.softmax(x, -1)):
+        {}["the test's own bug"]
+'''
+
+
+def test_a_test_that_raises_an_error_of_its_own_fails_to_grade_instead_of_giving_0(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_part1_broken.py").write_text(BROKEN_TEST)
+    subs = tmp_path / "subs"
+    _folder(subs / "good", {"online_softmax.py": SOLUTION})
+    _folder(subs / "odd", {"online_softmax.py": SOLUTION + "\n\ndef naive_softmax(x):\n    return 2 * x\n"})
+    out = tmp_path / "out"
+    options = Options(parts=[1], test_sets=("public",), tests_dir=str(tests), limits={"call_timeout_s": 20})
+    summary = run_batch(subs, out, jobs=1, options=options, progress=False, sandbox="off", allow_weak=True)
+    rows = {r["student"]: r for r in _rows(out)}
+    assert rows["good"]["status"] == "graded" and rows["good"]["total"] == "15"
+    odd = rows["odd"]
+    assert odd["status"] == "failed to grade" and odd["total"] == "", odd
+    assert "raised an error of their own" in odd["reason"] and "test_breaks_on_an_output" in odd["reason"]
+    assert summary["failed_to_grade"] == 1
+    assert "the test's own bug" in (out / "_instructor" / "odd" / "grading-error.txt").read_text()
+    feedback = (out / "odd" / "feedback.md").read_text()
+    assert "Not graded" in feedback and "own bug" not in feedback  # the student learns only that it will be regraded
+
+
+def test_a_rejected_submission_says_nothing_was_run(tmp_path):
+    subs = tmp_path / "subs"
+    _folder(subs / "empty", {"README.md": "forgot the code"})
+    options = Options(parts=[1], test_sets=("public",), tests_dir=str(write_mini_tests(tmp_path / "t")))
+    run_batch(subs, tmp_path / "out", jobs=0, options=options, progress=False, sandbox="off", allow_weak=True)
+    feedback = (tmp_path / "out" / "empty" / "feedback.md").read_text()
+    assert "Nothing of this submission was run." in feedback and "Graded with the test sets" not in feedback
+    assert json.loads((tmp_path / "out" / "empty" / "feedback.json").read_text())["test_sets"] == []

@@ -247,6 +247,22 @@ def test_a_grading_crash_still_writes_results(tmp_path, monkeypatch, capsys):
     assert "the grader is broken" in capsys.readouterr().out  # the traceback: stdout, hidden from students
 
 
+def test_a_refusal_records_the_sandbox_mode_it_refused(tmp_path, monkeypatch, capsys):
+    """Every result records its mode, a refusal's too: the instructor sees from results.json alone
+    why nothing was graded (the reason itself goes to stdout, the instructor's log)."""
+    import instructor.gradescope.__main__ as gs
+    from instructor.sandbox import Sandbox
+
+    monkeypatch.setattr(gs, "detect", lambda: Sandbox(mode="rlimits-only (no isolation here)"))
+    monkeypatch.delenv("AUTOGRADER_ALLOW_WEAK_SANDBOX", raising=False)
+    (tmp_path / "submission").mkdir()
+    res = gs.run(tmp_path)
+    assert res["score"] == 0 and res["tests"] == [] and "autograder itself failed" in res["output"]
+    assert res["extra_data"] == {"status": "failed to grade", "sandbox": "rlimits-only (no isolation here)"}
+    assert "sandbox not available: rlimits-only" in capsys.readouterr().out
+    assert "sandbox" not in gs.failing_result()["extra_data"]  # nothing detected, nothing claimed
+
+
 def test_the_build_refuses_hidden_tests_that_miss_a_part():
     from instructor.gradescope.__main__ import _check_hidden_tests
 

@@ -337,6 +337,9 @@ def build_report(plugin: GradingPlugin, sub: Any, rubric: Rubric, parts: Sequenc
     ordinal: dict[str, int] = {}
     errors = list(extra_errors) + plugin.errors
     by_part: dict[int, list[dict]] = {n: [] for n in parts}
+    # tests that raised an error of their own (not a CheckFailure nor a StudentError: a reply of the
+    # wrong type already fails as the submission's), so their 0 would not be the submission's grade
+    judge_errors: list[str] = []
     for info in plugin.items:
         by_part[info["part"]].append(info)
     for n in parts:
@@ -371,6 +374,7 @@ def build_report(plugin: GradingPlugin, sub: Any, rubric: Rubric, parts: Sequenc
             tests.append(entry)
             statuses.append(outcome)
             if res["outcome"] == "error":  # student_view drops the hidden ones: for the instructor only
+                judge_errors.append(test_id)
                 errors.append(f"{HIDDEN_ERROR_PREFIX}{test_id} could not run: {sanitize.line(res['text'], 300)}"
                               if redact else f"{info['nodeid']}: {sanitize.line(res['text'], 500)}")
             if not ok:
@@ -416,6 +420,7 @@ def build_report(plugin: GradingPlugin, sub: Any, rubric: Rubric, parts: Sequenc
         "errors": errors,
         "hashes": _hashes(sub.sha256, rubric, tests_dir),
         "test_sets": list(test_sets),
+        "judge_errors": judge_errors,
     }
 
 

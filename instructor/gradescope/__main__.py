@@ -151,13 +151,17 @@ def sandbox_refusal(box) -> str | None:
     return None
 
 
-def failing_result(reason: str = "") -> dict:
-    """A results.json that gives 0 and says the grader failed (the reason goes to stdout only)."""
+def failing_result(reason: str = "", sandbox: str | None = None) -> dict:
+    """A results.json that gives 0 and says the grader failed (the reason goes to stdout only). It
+    records the sandbox mode when one was detected: every result records its mode, a refusal too."""
     from .publish import FAILED
 
     if reason:
         print(f"autograder failure: {reason}")  # stdout: the instructor's log, hidden from students
-    return json.loads(json.dumps(FAILED))
+    result = json.loads(json.dumps(FAILED))
+    if sandbox:
+        result["extra_data"]["sandbox"] = sandbox
+    return result
 
 
 def _write_private(path: Path, result: dict) -> None:
@@ -180,7 +184,7 @@ def run(root: Path, parts: Sequence[int] | None = None, out: Path | None = None)
         box = detect()
         refusal = sandbox_refusal(box)
         if refusal:
-            result = failing_result(refusal)
+            result = failing_result(refusal, box.mode)
         else:
             options = Options(parts=list(parts) if parts else None, test_sets=("public", "hidden"), sandbox=box,
                               limits={"grade_budget_s": time_budget_s()})
@@ -190,7 +194,7 @@ def run(root: Path, parts: Sequence[int] | None = None, out: Path | None = None)
             print(f"sandbox: {graded.view.get('sandbox') or box.mode}; status: {graded.status}")
             if graded.status == "failed to grade":
                 print(graded.failure.get("traceback", ""))
-                result = failing_result(graded.reason)
+                result = failing_result(graded.reason, graded.view.get("sandbox") or box.mode)
             else:
                 # no execution_time: a submission can stretch its hidden calls, so the time is a channel
                 result = results_json(graded.view, notes=graded.view["intake"]["notes"])
