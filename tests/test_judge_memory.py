@@ -129,3 +129,40 @@ def test_detached_drops_tracebacks_along_the_chain():
     assert exc is info.value
     assert exc.__traceback__ is None and exc.__cause__.__traceback__ is None
     assert all(e.__traceback__ is None for e in exc.exceptions)
+
+
+HELD_TESTS = '''
+import weakref
+import pytest
+from autograder.engine import check
+pytestmark = pytest.mark.part1
+
+HELD = []
+
+
+class Replays:  # stands for what a failed check's frames hold: inputs, references, replays
+    pass
+
+
+def test_fails_holding_its_replays(student):
+    replays = Replays()
+    HELD.append(weakref.ref(replays))
+    check(student.call("a.block", 1).numel() == 0, what="a check that fails with its replays in a local")
+
+
+def test_the_failed_tests_replays_are_already_gone(student):
+    check(HELD[0]() is None, what="no collection has run since: what the failed test held was freed with it")
+'''
+
+
+def test_a_failed_tests_frames_are_freed_when_it_ends_not_at_the_grades_last_collection(assignment):
+    """Cyclic collection is off while the tests run (runner.grade), so what a failed test's frames hold
+    must go by reference counting: frame.clear() leaves the locals pytest read (f_locals) in Python 3.11,
+    and pytest keeps the failure in sys.last_*. Kept, a hostile part's replays piled up to 3 GB and cost
+    the grade's last collection 14 s (the red-team attack backward_rows_via_number_offset)."""
+    (assignment["tests_dir"] / "test_part1_a.py").write_text(HELD_TESTS)
+    report = grade(**assignment)
+    by_name = {t["id"].split("::")[-1]: t for t in report["tests"]}
+    assert by_name["test_fails_holding_its_replays"]["outcome"] == "failed"
+    assert by_name["test_the_failed_tests_replays_are_already_gone"]["outcome"] == "passed", \
+        by_name["test_the_failed_tests_replays_are_already_gone"]["message"]
