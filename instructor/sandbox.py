@@ -8,8 +8,10 @@ confinement config. The judge (pytest, the references, the verdict) stays outsid
     Python installation, the venv, the course package, the engine's worker files, the scenarios and
     the submission's private copy), private size-capped tmpfs /tmp and /dev/shm, no network, its own
     PID/IPC/UTS namespaces, a new session, no capabilities, --die-with-parent, and, as root, an
-    unprivileged uid (setpriv). Its workers are forked by a fork server inside such a sandbox, one
-    per submission (fork_server), and started directly, one sandbox each, where it cannot serve.
+    unprivileged uid (setpriv). Its workers are forked by a fork server inside such a sandbox
+    (fork_server; a judge keeps two across the submissions it grades, one for the sets whose results
+    are shown and one for the hidden sets: autograder/engine/processes.py SandboxServers), and
+    started directly, one sandbox each, where it cannot serve.
 "unprivileged-uid"  for where bubblewrap cannot run (an unprivileged container where we are root:
     Gradescope, most CI; Docker's seccomp profile refuses the namespaces bubblewrap needs). The
     worker drops to a dedicated uid (64000 + judge slot) with no groups; Landlock (Linux >= 5.13,
@@ -189,8 +191,9 @@ class Sandbox:
         return "none beyond the engine's time limit (no seccomp on this architecture)"
 
     def describe(self) -> dict:
-        workers = {"bubblewrap": "forked from a fork server inside the sandbox, one server per submission; "
-                                 "started directly (a sandbox each) where it cannot serve",
+        workers = {"bubblewrap": "forked from a fork server inside the sandbox (one per judge for the shown "
+                                 "test sets, one for the hidden ones); started directly (a sandbox each) "
+                                 "where it cannot serve",
                    "uid": "forked from the judge's fork server, each confining itself"}
         return {"sandbox": self.mode, "sandbox_kind": self.kind, "process_limit": self.process_limit,
                 "uid": self.uid if self.kind != "rlimits" else None, "landlock_abi": self.landlock_abi,
@@ -242,18 +245,20 @@ class Sandbox:
             return [sys.executable, "-I", "-S", str(CONFINE), json.dumps(cfg), *self._bwrap_argv(paths)]
         return [sys.executable, "-I", "-S", str(CONFINE), json.dumps(self.confinement(paths))]
 
-    # -- bubblewrap: one fork server per submission, inside the sandbox ---------------------------
+    # -- bubblewrap: fork servers inside the sandbox ------------------------------------------
     def fork_server(self, paths: Sequence[str]) -> tuple[list[str], dict]:
-        """(argv prefix, server config) of one submission's fork server inside a bubblewrap sandbox
-        (autograder/engine/zygote.py), so that its workers are forked with torch already imported.
+        """(argv prefix, server config) of a fork server inside a bubblewrap sandbox that reads
+        `paths` (autograder/engine/zygote.py), so that workers are forked with torch already imported.
 
-        The sandbox is the workers' own (the same binds, namespaces, uid) with three changes, because
-        it outlives each worker it serves: everything in it is read-only except SERVER_SCRATCH, a
-        size-capped tmpfs the server empties after every worker, so no worker can leave a file for
-        the next; the server runs as its PID 1, which no signal from inside the namespace reaches;
-        and bwrap installs no seccomp filter (the server must fork): each forked worker installs it
-        itself, with the rlimits, before its first line of student code (forked_confinement). The
-        config lists what the server checks before it serves (zygote.py: _self_check)."""
+        The sandbox is a worker's (the same namespaces, uid, and binds but the submission's: each
+        worker's graded files come with its spawn request and are written into the scratch) with
+        three changes, because it outlives each worker it serves: everything in it is read-only except
+        SERVER_SCRATCH, a size-capped tmpfs the server empties after every worker, so no worker can
+        leave a file for the next; the server runs as its PID 1, which no signal from inside the
+        namespace reaches; and bwrap installs no seccomp filter (the server must fork): each forked
+        worker installs it itself, with the rlimits, before its first line of student code
+        (forked_confinement). The config lists what the server checks before it serves (zygote.py:
+        _self_check)."""
         if self.kind != "bubblewrap" or not self.bwrap:
             raise SandboxError(f"only the bubblewrap sandbox runs a fork server inside it ({self.mode})")
         launcher = {"rlimits": {}, "seccomp": "", "mode": "bwrap"}  # the rlimits are each worker's

@@ -1,6 +1,8 @@
-"""bubblewrap's fork server (instructor/sandbox.py Sandbox.fork_server, autograder/engine/zygote.py):
-one per submission, inside the sandbox; its workers are forked with torch imported, and nothing one
-worker writes reaches the next, nor another submission.
+"""bubblewrap's fork servers (instructor/sandbox.py Sandbox.fork_server, autograder/engine/zygote.py,
+kept by autograder/engine/processes.py SandboxServers): inside the sandbox, kept by a judge across the
+submissions it grades, one for the shown test sets and one for the hidden ones; its workers are forked
+with torch imported, their graded files written into their scratch, and nothing one worker writes
+reaches the next, nor another submission.
 
 A probe assignment (one part, public and hidden tests, written to a temp folder) grades a probe
 submission through autograder.engine.grade with a bubblewrap Sandbox as worker_prefix. The judge
@@ -53,6 +55,7 @@ def save(name, value):
 
 
 def test_public_writes(student):
+    save("public_look_before", student.call("probe.look"))
     save("public_where", student.call("probe.where"))
     save("public_write", student.call("probe.write", "public"))
     save("public_look_same_worker", student.call("probe.look"))  # the look finds what is there
@@ -79,6 +82,7 @@ HIDDEN = 'HIDDEN = {"test_hidden": ["look_first", "write_and_die", "look_after"]
 
 PROBE = '''
 import os
+import re
 
 MARK = "fbmark"
 KEY = 0x5EED
@@ -102,8 +106,10 @@ def where():
         init = f.read().decode(errors="replace")
     with open("/proc/1/stat") as f:
         started = f.read().rsplit(")", 1)[1].split()[19]  # PID 1's start time: which server, or sandbox
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split()[4] for line in f]
     return {"ppid": os.getppid(), "init": init, "scratch": os.environ.get("TMPDIR"), "cwd": os.getcwd(),
-            "server": started}
+            "server": started, "module": __file__, "mounts": mounts}
 
 
 def write(tag):
@@ -122,6 +128,12 @@ def write(tag):
         os.chmod(os.path.join(_places()["scratch"], "deep"), 0)  # closed even to its owner
     except OSError:
         pass
+    try:  # its own module: a forked worker's copy in its scratch; the judge's copy, bound read-only, otherwise
+        with open(__file__, "a") as f:
+            f.write(f"\\n# {MARK}-{tag}-own\\n")
+        done["own"] = True
+    except OSError:
+        done["own"] = False
     libc = _libc()
     done["msgget"] = libc.msgget(KEY, 0o1666) >= 0  # IPC_CREAT: a queue outlives its process
     done["semget"] = libc.semget(KEY + 1, 1, 0o1666) >= 0
@@ -146,6 +158,8 @@ def look():
             found += [os.path.join(dirpath, n) for n in dirs + files if MARK in n]
             if dirpath.count("/") > 12:
                 dirs[:] = []
+    with open(__file__) as f:  # what an earlier worker appended to its copy of this file
+        found += [f"own file: {m}" for m in re.findall(MARK + r"-\\w+-own", f.read())]
     libc = _libc()
     if libc.msgget(KEY, 0) >= 0:
         found.append("msg queue")
@@ -220,7 +234,9 @@ def test_bubblewrap_workers_are_forked_from_a_server_inside_the_sandbox(forked):
 
 def test_a_forked_worker_can_write_only_its_scratch_and_no_ipc(forked):
     wrote = forked["said"]["public_write"]
-    mine = ("scratch", "home", "cwd", "scratch_root")  # its folder on the scratch tmpfs, and that tmpfs
+    # its folder on the scratch tmpfs, that tmpfs, and its own copy of its files (the next worker gets a
+    # fresh one: test_nothing_a_worker_writes_reaches_the_next_one)
+    mine = ("scratch", "home", "cwd", "scratch_root", "own")
     assert all(wrote[k] for k in mine), wrote
     assert not any(v for k, v in wrote.items() if k not in mine), wrote  # / /tmp /dev/shm /dev, IPC objects
     # the look itself works: it finds what its own worker wrote
@@ -236,15 +252,74 @@ def test_nothing_a_worker_writes_reaches_the_next_one(forked):
     assert outcomes == [("public", "passed"), ("hidden", "passed"), ("hidden", "failed"), ("hidden", "passed")]
 
 
-def test_another_submission_gets_another_server(forked, assignment):
-    """Two submissions never share a fork server: the second sees nothing of the first (whose
-    public worker wrote its scratch, and whose server is gone with its sandbox)."""
-    report, said = _grade(assignment, "second", _bubblewrap().with_uid(64091))
-    assert said["look_first"] == [] and said["look_after"] == []
-    assert not any("hidden" in p for p in said["diagnosis"])
-    first = {forked["said"][n]["scratch"] for n in WORKERS}
-    assert not first & {said[n]["scratch"] for n in WORKERS}
-    assert not {forked["said"][n]["server"] for n in WORKERS} & {said[n]["server"] for n in WORKERS}
+def test_the_sandbox_binds_no_submission_its_files_come_with_each_worker(forked):
+    """The servers outlive a submission, so no submission is bound into their sandbox: each worker
+    imports its graded files from its own folder on the scratch, written by the server from the
+    descriptors the judge sent with the spawn request."""
+    for name in WORKERS:
+        where = forked["said"][name]
+        folder = os.path.dirname(os.path.dirname(where["module"]))  # <scratch>/code-<hex>/<package>/probe.py
+        assert os.path.dirname(folder) == SERVER_SCRATCH and os.path.basename(folder).startswith("code-"), where
+        assert not any(os.path.basename(m).startswith("grade-") and "sandbox-lib" not in m
+                       for m in where["mounts"]), where["mounts"]  # no grade's temp folder (its copy) is bound
+
+
+def test_later_submissions_share_the_servers_by_role_and_see_nothing_of_earlier_ones(assignment):
+    """A judge keeps its servers across submissions (each starts by importing torch): the hidden
+    tests' server forks every submission's hidden workers; the shown sets' workers (public tests,
+    diagnoses) come from a server that never forked a hidden worker, in any submission. The first
+    submission's server forks its public and then its hidden workers (it becomes the hidden server);
+    the second starts the shown server that every later submission's public workers share. No
+    submission sees anything an earlier one wrote, in its public, diagnosis or hidden workers."""
+    boxes = [_bubblewrap().with_uid(64094) for _ in range(3)]  # one per submission, as a batch judge's
+    runs = [_grade(assignment, f"shared{i}", box) for i, box in enumerate(boxes)]
+    servers = [{n: said[n]["server"] for n in WORKERS} for _, said in runs]
+    hidden = {s[n] for s in servers for n in ("look_first_where", "look_after_where")}
+    shown = [s["public_where"] for s in servers]
+    assert len(hidden) == 1 and hidden == {shown[0]}  # the first public worker's server became the hidden one
+    assert shown[1] == shown[2] and shown[1] not in hidden  # later public workers: one server, never a hidden one
+    for report, said in runs:
+        assert said["look_first"] == [] and said["look_after"] == [], said
+        assert said["public_look_before"] == []  # nothing of an earlier submission's public worker either
+        assert not any("hidden" in p for p in said["diagnosis"])  # (it goes on in the public worker)
+        assert said["diagnosis_where"] == said["public_where"]  # the diagnoses go on in the public worker
+        assert [t["outcome"] for t in report["tests"]] == ["passed", "passed", "failed", "passed"]
+    scratch = [said[n]["scratch"] for _, said in runs for n in WORKERS]
+    assert len(set(scratch)) == len(scratch)  # a fresh scratch folder per worker
+    assert all(r["timing"]["worker_starts"] == 3 for r, _ in runs)
+    assert all(b.mode_used() == "bubblewrap (workers forked from a fork server inside the sandbox)" for b in boxes)
+
+
+def test_a_spawn_request_installs_only_plain_files_in_a_fresh_folder_of_the_scratch(tmp_path, monkeypatch):
+    """zygote._install writes what the judge's descriptors hold, nowhere but a new code-<hex> folder
+    directly below the scratch; anything else in the request is refused, and the server then forks
+    nothing (the worker is started directly)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(zygote_module, "_SANDBOX", {"scratch": str(scratch)})
+    src = tmp_path / "probe.py"
+    src.write_text("x = 1\n")
+
+    def install(root, names, package="_graded_submission"):
+        fds = [os.open(src, os.O_RDONLY) for _ in names]
+        try:
+            return zygote_module._install({"root": root, "package": package, "files": names}, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    assert install(f"{scratch}/code-{'a' * 16}", ["probe.py", "__init__.py"]) is None
+    assert (scratch / f"code-{'a' * 16}" / "_graded_submission" / "probe.py").read_text() == "x = 1\n"
+    for root, names, package in [(f"{scratch}/code-{'a' * 16}", ["probe.py"], "_graded_submission"),  # exists
+                                 (f"{scratch}/../code-{'b' * 16}", ["probe.py"], "_graded_submission"),
+                                 (f"{tmp_path}/code-{'c' * 16}", ["probe.py"], "_graded_submission"),
+                                 (f"{scratch}/code-{'d' * 16}", ["../probe.py"], "_graded_submission"),
+                                 (f"{scratch}/code-{'e' * 16}", ["probe.py", "probe.py"], "_graded_submission"),
+                                 (f"{scratch}/code-{'f' * 16}", ["probe.py"], "../up")]:
+        assert install(root, names, package) is not None, (root, names, package)
+    assert sorted(os.listdir(scratch)) == [f"code-{'a' * 16}"] and sorted(os.listdir(tmp_path)) == ["probe.py", "scratch"]
+    monkeypatch.setattr(zygote_module, "_CODE_BYTES", 3)
+    assert "larger than" in install(f"{scratch}/code-{'9' * 16}", ["probe.py"])
 
 
 def test_a_server_that_fails_its_self_check_falls_back_to_direct_workers(assignment, monkeypatch):
@@ -305,8 +380,8 @@ def test_closing_a_submission_ends_its_sandbox_even_when_its_server_is_stuck(tmp
     try:
         pool.start()
         pool._worker.ready()
-        server = pool._server
-        assert server is not None and pool._worker.in_sandbox_server and server._pidfd is not None
+        server = pool._worker.proc.zygote
+        assert pool._worker.in_sandbox_server and server._pidfd is not None
         with open(f"/proc/self/fdinfo/{server._pidfd}") as f:
             pid = int(next(ln.split()[1] for ln in f if ln.startswith("Pid:")))
         watch = os.pidfd_open(pid)

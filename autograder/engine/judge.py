@@ -23,11 +23,12 @@ __all__ = ["AUTOGRADER_DIR", "ENGINE_DIR", "REPO_ROOT", "MAX_SOURCE_BYTES", "Eng
 
 # The test sets run in this order: public tests, then the diagnoses of hidden failures (fixed probe
 # inputs, runner.GradingPlugin.run_diagnoses), then hidden tests. A later set may learn what an earlier
-# one saw, never the reverse: from public to diagnosis the worker goes on; the hidden tests get a new
-# one. (from, to) pairs where the worker itself, or only its fork server (processes.WorkerPool.discard),
-# may go on:
+# one saw, never the reverse: from public to diagnosis the worker goes on (the pairs below); the hidden
+# tests get a new one. The sets whose results are shown (a public test's output, a diagnosis's hint)
+# get their workers from a fork server that never forked a worker of any other set, in any submission
+# (processes.SandboxServers); any set not named here counts as hidden.
 _WORKER_MAY_GO_ON = {("public", "diagnosis")}
-_SERVER_MAY_GO_ON = {("public", "diagnosis"), ("public", "hidden"), ("diagnosis", "hidden")}
+_SHOWN_SETS = frozenset({"public", "diagnosis"})
 
 
 class PartState:
@@ -134,14 +135,15 @@ class Engine:
             # A worker that saw hidden inputs never serves a public call (whose output is shown) nor a
             # diagnosis (whose hint is shown), nor the other way round: no state passes between the
             # sets, across parts too. Nor does a worker serve two parts (Limits.worker_per_part). The
-            # sandbox also clears what the old worker left in shared folders. A fork server inside the
-            # sandbox (bubblewrap) forks the next set's workers only where they may know what its
-            # earlier ones saw: a worker can leave counters in it (the next PID, its CPU time).
-            self.pool.discard(spare=False, keep_server=not new_set or step in _SERVER_MAY_GO_ON)
+            # sandbox also clears what the old worker left in shared folders.
+            self.pool.discard(spare=False)
             sweep = getattr(self.pool.prefix, "sweep", None)
             if callable(sweep):
                 sweep()
         self.worker_set, self.worker_part = proxy.test_set, proxy.part
+        # A fork server inside the sandbox (bubblewrap) keeps counters a worker can leave (the next
+        # PID, its CPU time): the shown sets' workers come from one that no hidden worker came from.
+        self.pool.shown = proxy.test_set in _SHOWN_SETS
         # Diagnoses count their losses apart, so that they never cost a test a point, and may lose one
         # call per part (a ladder stops at its first loss; a hanging submission then costs one time
         # limit per part, not one per diagnosis); they give up where the part's tests have.

@@ -1,17 +1,20 @@
 """Worker processes: started directly or forked from a zygote, spoken to over pipes, and pooled.
 
 Three ways to start a worker (Worker): forked by the judge's own zygote (no sandbox, or one that a
-forked worker applies to itself: the uid and rlimits modes); forked by the fork server INSIDE the
-submission's bubblewrap sandbox (one per WorkerPool, so per submission: Zygote.in_sandbox); or
-directly, as `[*prefix, python, -I, -S, -c, bootstrap]` (a bubblewrap sandbox of its own per worker),
-which is also where the two others fall back to when they cannot serve, never to a weaker mode.
+forked worker applies to itself: the uid and rlimits modes); forked by a fork server INSIDE a
+bubblewrap sandbox (SandboxServers: kept by the judge across submissions, one for the sets whose
+results are shown and one for the hidden sets); or directly, as `[*prefix, python, -I, -S, -c,
+bootstrap]` (a bubblewrap sandbox of its own per worker), which is also where the two others fall
+back to when they cannot serve, never to a weaker mode.
 
 A worker that hangs, crashes, exits, floods its output or returns something that is not plain data
 costs the call that was running (`Lost`); the pool replaces it for the next call.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from . import protocol
 from .limits import Limits
 from .paths import ENGINE_DIR, REPO_ROOT, worker_trees
+from .worker import PACKAGE
 
 if TYPE_CHECKING:
     from .submission import SubmissionCopy
@@ -104,19 +108,28 @@ class _PopenProc:
 class _ForkedProc:
     """A worker forked by the zygote; its exit status comes from the zygote, which reaps it."""
 
-    def __init__(self, zygote: "Zygote", env: dict, cwd: str, rlimits: dict, confine: dict | None = None) -> None:
+    def __init__(self, zygote: "Zygote", env: dict, cwd: str, rlimits: dict, confine: dict | None = None,
+                 code: tuple[str, Path] | None = None) -> None:
+        """code: (folder in the sandbox, the submission's package folder here): the server inside a
+        bubblewrap sandbox writes the package's files there before it forks (zygote._install)."""
         r0, w0 = os.pipe()
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
+        req = {"env": env, "cwd": cwd, "rlimits": rlimits, "confine": confine}
+        files: list[int] = []
         try:
-            self.pid = zygote.spawn([r0, w1, w2], {"env": env, "cwd": cwd, "rlimits": rlimits,
-                                                   "confine": confine})
+            if code is not None:
+                names = sorted(p.name for p in code[1].iterdir() if p.is_file())
+                for n in names:
+                    files.append(os.open(code[1] / n, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+                req["code"] = {"root": code[0], "package": PACKAGE, "files": names}
+            self.pid = zygote.spawn([r0, w1, w2, *files], req)
         except BaseException:
             for fd in (w0, r1, r2):
                 os.close(fd)
             raise
         finally:
-            for fd in (r0, w1, w2):
+            for fd in (r0, w1, w2, *files):
                 os.close(fd)
         self.zygote, self.returncode = zygote, None
         self.stdin_fd, self.stdout_fd, self.stderr_fd = w0, r1, r2
@@ -178,8 +191,8 @@ def write_lib(lib_dir: Path, extra: Sequence[str] = ()) -> None:
 
 class Zygote:
     """A fork server (zygote.py). The judge's own is one per judge process, started on first use
-    (Zygote.get); a bubblewrap sandbox's is one per submission, inside the sandbox, owned by that
-    submission's WorkerPool (Zygote.in_sandbox)."""
+    (Zygote.get); those inside a bubblewrap sandbox are kept by the judge's SandboxServers across the
+    submissions it grades (Zygote.in_sandbox)."""
 
     _instance: "Zygote | None" = None
     _failed = False
@@ -208,9 +221,9 @@ class Zygote:
 
     @classmethod
     def in_sandbox(cls, startup_timeout: float, argv_prefix: Sequence[str], box: dict, lib_dir: Path) -> "Zygote":
-        """A fork server started through `argv_prefix` (Sandbox.fork_server: bwrap), for one
-        submission: it imports from that submission's private import root `lib_dir` (bound into the
-        sandbox like every worker's) and checks the sandbox described by `box` before it serves."""
+        """A fork server started through `argv_prefix` (Sandbox.fork_server: bwrap): it imports from
+        the import root `lib_dir` (bound into the sandbox; no submission is) and checks the sandbox
+        described by `box` before it serves (SandboxServers keeps such servers)."""
         return cls(startup_timeout, argv_prefix=argv_prefix, box=box, lib_dir=lib_dir)
 
     def __init__(self, startup_timeout: float, *, argv_prefix: Sequence[str] = (), box: dict | None = None,
@@ -222,6 +235,7 @@ class Zygote:
 
         self._json, self._socket = json, socket
         self.sandboxed = box is not None  # inside the sandbox: its own PID namespace, its own checks
+        self.scratch: str | None = box["scratch"] if box is not None else None  # the sandbox's writable folder
         self.failure: str | None = None  # why it stopped serving (a sandboxed one's is reported)
         if lib_dir is None:
             self.root: Path | None = Path(tempfile.mkdtemp(prefix="grade-zygote-"))
@@ -408,7 +422,7 @@ class Zygote:
             shutil.rmtree(self.root, ignore_errors=True)
         import atexit
 
-        atexit.unregister(self.close)  # one per submission in a batch: not kept until the judge exits
+        atexit.unregister(self.close)  # a closed one is not kept until the judge exits
         if Zygote._instance is self:
             Zygote._instance = None
 
@@ -435,19 +449,25 @@ class Worker:
         if zygote is None and _forkable(prefix) and limits.fork_server:
             zygote = Zygote.get(limits.startup_timeout_s)
         self.proc: _PopenProc | _ForkedProc | None = None
+        code_root = str(sub.root / "sub")  # where the worker imports the submission's package from
         if zygote is not None:
             lib = zygote.lib_dir
             rlimits = {"RLIMIT_AS": mem, "RLIMIT_CORE": 0, "RLIMIT_FSIZE": limits.file_size_mb << 20,
                        "RLIMIT_CPU": limits.cpu_s}
-            confine = None
+            confine, code, cwd = None, None, str(sub.root)
             if zygote.sandboxed:  # the sandbox is the server's; the child adds rlimits, seccomp, its scratch
                 confine = prefix.forked_confinement()
+                # the sandbox binds no submission: the server writes this one's files below its scratch
+                code = (f"{zygote.scratch}/code-{secrets.token_hex(8)}", sub.package_dir)
+                cwd = code[0]
             elif prefix is not None:  # a SandboxError here is the sandbox refusing: it propagates
                 confine = prefix.confinement([*_worker_paths(sub), str(zygote.root)])
             if confine is not None and confine.get("scratch"):
                 env = {**env, "HOME": confine["scratch"], "TMPDIR": confine["scratch"]}
             try:
-                self.proc = _ForkedProc(zygote, env, str(sub.root), rlimits, confine)
+                self.proc = _ForkedProc(zygote, env, cwd, rlimits, confine, code)
+                if code is not None:
+                    code_root = code[0]
             except OSError:  # the fork server failed (it says why: zygote.failure): start this worker directly
                 if not zygote.sandboxed:
                     Zygote._failed = True
@@ -480,9 +500,9 @@ class Worker:
         self._next_id = 0
         self._target = "starting"
         self.startup_s: float | None = None
-        config = {"sys_path": [str(lib), str(sub.root / "sub"), *_site_dirs(), *_stdlib_dirs()],
+        config = {"sys_path": [str(lib), code_root, *_site_dirs(), *_stdlib_dirs()],
                   "modules": modules, "threads": limits.threads, "preload": True,
-                  "package_dir": str(sub.package_dir), "memory_mb": limits.memory_mb}
+                  "package_dir": os.path.join(code_root, PACKAGE), "memory_mb": limits.memory_mb}
         try:
             protocol.write_frame(self.proc.stdin_fd, {"config": config})
         except OSError:
@@ -684,39 +704,119 @@ def call_label(op: str, target: str, kwargs: dict) -> str:
     return fn if isinstance(fn, str) and fn else target
 
 
+class SandboxServers:
+    """The fork servers inside bubblewrap sandboxes that one judge process keeps across the submissions
+    it grades: starting one is importing torch in the sandbox (~1.2 s), which a batch would otherwise
+    pay for every submission. The sandbox binds no submission (each worker's files come with its spawn
+    request: zygote._install) and the server empties its scratch before every fork, so no file of one
+    worker reaches the next. What a worker can still leave in its server's sandbox is a counter (the
+    next PID, the server's CPU time), so the servers have two roles:
+
+    - "shown": has forked only workers of the sets whose results are shown (public tests, diagnoses);
+    - "hidden": forks the hidden sets' workers. A hidden worker where there is no hidden server takes
+      the shown one, which becomes the hidden server from then on (a grade of one submission, as on
+      Gradescope, so starts one server, as when a server served one submission).
+
+    No worker whose output or hint is shown is forked where a worker that saw hidden inputs ran, in
+    any submission; hidden workers of several submissions share a server, and a hidden result is
+    already a bit each submission chooses. A server is keyed by its sandbox (the bwrap argv): another
+    sandbox, e.g. another uid, gets servers of its own. A server that failed is dropped (the next
+    submission starts a fresh one), unless it failed before serving (its self-check, its start): that
+    sandbox cannot host one, and its workers are started directly from then on."""
+
+    def __init__(self) -> None:
+        self._root: Path | None = None  # the servers' import root (engine worker code, links): one per judge
+        self._servers: dict[str, tuple[str, Zygote]] = {}  # role -> (sandbox key, server)
+        self._cannot: dict[str, str] = {}  # sandbox key -> why no server can serve in it
+
+    def lib_dir(self) -> Path:
+        if self._root is None or not self._root.is_dir():
+            import tempfile
+
+            self._root = Path(tempfile.mkdtemp(prefix="grade-sandbox-lib-"))
+            write_lib(self._root / "lib", extra=("zygote.py",))
+            for top, _, files in os.walk(self._root):  # read by the sandbox's uid; written by none
+                os.chmod(top, 0o755)
+                for f in files:
+                    os.chmod(os.path.join(top, f), 0o644)
+        return self._root / "lib"
+
+    def paths(self) -> list[str]:
+        """What a server's sandbox binds: the import root, the worker trees, the interpreter."""
+        return [str(self.lib_dir().parent), *map(str, worker_trees()), sys.prefix, sys.base_prefix, *_site_dirs()]
+
+    def get(self, shown: bool, prefix: WorkerPrefix, limits: Limits) -> "Zygote":
+        """The server for a worker of a shown set (shown) or of a hidden one, started if need be.
+        Raises OSError (why) where none can serve; a SandboxError of the prefix propagates."""
+        argv, box = prefix.fork_server(self.paths())
+        key = " ".join(argv)
+        if key in self._cannot:
+            raise OSError(self._cannot[key])
+        for role in ("shown", "hidden"):  # the dead, and those of another sandbox, go
+            held = self._servers.get(role)
+            if held is not None and (held[0] != key or not held[1].alive()):
+                self._drop(role)
+        role = "shown" if shown else "hidden"
+        if role == "hidden" and "hidden" not in self._servers and "shown" in self._servers:
+            self._servers["hidden"] = self._servers.pop("shown")  # it forks hidden workers from now on
+        if role not in self._servers:
+            self._servers[role] = (key, Zygote.in_sandbox(limits.startup_timeout_s, argv, box, self.lib_dir()))
+        return self._servers[role][1]
+
+    def failed(self, server: "Zygote") -> None:
+        """`server` failed while a submission used it: close it; if it never served, its sandbox cannot
+        host a server (the workers of later submissions start directly, without trying again)."""
+        for role, (key, held) in list(self._servers.items()):
+            if held is server:
+                if held.startup_s is None:
+                    self._cannot[key] = held.failure or "the fork server in the sandbox did not start"
+                self._drop(role)
+        server.close()
+
+    def _drop(self, role: str) -> None:
+        _, server = self._servers.pop(role)
+        server.close()
+
+    def close(self) -> None:
+        for role in list(self._servers):
+            self._drop(role)
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+
+SANDBOX_SERVERS = SandboxServers()  # this judge process's (closed at exit; a batch judge grades many submissions)
+
+atexit.register(SANDBOX_SERVERS.close)
+
+
 class WorkerPool:
     """One worker reused across calls; after a loss it is replaced (a spare is started at once,
     unless the caller says no further call will need it).
 
-    One pool grades one submission. With a bubblewrap sandbox it owns that submission's fork server
-    inside the sandbox (started on first use, closed with the pool, never shared with another
-    submission, and replaced by a fresh one where the engine says so: discard(keep_server=False)):
-    every worker of the submission is forked from it, one at a time, unless it failed, and then
+    One pool grades one submission. With a bubblewrap sandbox its workers are forked, one at a time,
+    by this judge's fork servers inside the sandbox (SandboxServers: `shown` says which, set by the
+    engine before each test set), unless a server failed for this submission: its workers are then
     started directly, each in a sandbox of its own (the prefix's note_worker records which)."""
 
     def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix) -> None:
         self.sub, self.modules, self.limits, self.prefix = sub, modules, limits, prefix
         self.stats = CallStats()
+        self.shown = True  # the next worker serves a set whose results are shown (the engine sets it)
         self._worker: Worker | None = None
-        self._server: Zygote | None = None
         self._server_failure: str | None = None  # why this submission's workers are started directly
 
     def _sandbox_server(self) -> Zygote | None:
-        """The submission's fork server inside its bubblewrap sandbox, started on first use; None
-        without one (another sandbox, fork_server off) or once it failed."""
+        """This judge's fork server inside the bubblewrap sandbox for the next worker (self.shown),
+        started on first use; None without one (another sandbox, fork_server off) or once one failed
+        for this submission."""
         if not (self.limits.fork_server and _serves_in_sandbox(self.prefix)) or self._server_failure:
             return None
-        if self._server is not None and not self._server.alive():
-            self._server_failure = self._server.failure or "the fork server in the sandbox died"
-            self._server.close()
+        try:
+            return SANDBOX_SERVERS.get(self.shown, self.prefix, self.limits)  # a SandboxError propagates
+        except OSError as e:
+            self._server_failure = f"the fork server could not be started ({e.strerror or e})"
             return None
-        if self._server is None:
-            argv, box = self.prefix.fork_server(_worker_paths(self.sub))  # a SandboxError propagates
-            try:
-                self._server = Zygote.in_sandbox(self.limits.startup_timeout_s, argv, box, self.sub.lib_dir)
-            except OSError as e:
-                self._server_failure = f"the fork server could not be started ({e.strerror or e})"
-        return self._server
 
     def start(self) -> None:
         if self._worker is None:
@@ -725,7 +825,7 @@ class WorkerPool:
             self.stats.worker_starts += 1
             if server is not None and not self._worker.forked:  # it failed: the rest start directly
                 self._server_failure = server.failure or "the fork server in the sandbox refused to fork"
-                server.close()
+                SANDBOX_SERVERS.failed(server)
             note = getattr(self.prefix, "note_worker", None)
             if callable(note) and getattr(self.prefix, "kind", None) == "bubblewrap":
                 note(self._worker.in_sandbox_server,
@@ -769,16 +869,11 @@ class WorkerPool:
             self.stats.calls += 1
             self.stats.call_s += time.perf_counter() - t0
 
-    def discard(self, spare: bool = True, keep_server: bool = True) -> None:
-        """Kill the current worker (lost, or out of memory: its heap may still hold the bomb).
-        keep_server=False: close the fork server inside the sandbox too, so that the next worker is
-        forked by a fresh one, in a fresh sandbox: nothing an earlier worker did there reaches it."""
+    def discard(self, spare: bool = True) -> None:
+        """Kill the current worker (lost, or out of memory: its heap may still hold the bomb)."""
         if self._worker is not None:
             self._worker.kill()
             self._worker = None
-        if not keep_server and self._server is not None:
-            self._server.close()
-            self._server = None  # not a failure: the next start begins a new one
         if spare:
             self.warm_up()  # a direct replacement imports torch while the judge records the failure
 
@@ -786,6 +881,3 @@ class WorkerPool:
         if self._worker is not None:
             self._worker.kill()
             self._worker = None
-        if self._server is not None:  # the sandbox, and with it anything the submission left there, ends
-            self._server.close()
-            self._server = None

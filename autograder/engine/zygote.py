@@ -11,9 +11,12 @@ student code; it only forks, reaps, kills its children when asked and reports ex
 Two kinds (processes.Zygote):
 - the judge's own, one per judge process: without a sandbox, or with one that a forked worker
   applies to itself (instructor/sandbox.py's uid and rlimits modes);
-- one INSIDE a bubblewrap sandbox per submission (Sandbox.fork_server): bubblewrap's private file
-  system cannot be entered by a forked process, so the server runs in it. Its config then has a
-  "sandbox" entry, and the server also
+- one INSIDE a bubblewrap sandbox (Sandbox.fork_server): bubblewrap's private file system cannot be
+  entered by a forked process, so the server runs in it. A judge keeps such servers across the
+  submissions it grades (processes.SandboxServers: one serves the sets whose results are shown, one
+  the hidden sets), so the sandbox binds no submission: each worker's graded files come with its
+  spawn request as descriptors the judge opened, and the server writes them below the scratch (_install)
+  before it forks. Its config then has a "sandbox" entry, and the server also
   * checks its sandbox before it serves (_self_check): it is not root, it is PID 1, every mount but
     the scratch tmpfs (and /proc, /dev/pts and the device nodes) is read-only, the scratch is empty,
     and a probe child confined as a worker is cannot fork nor write outside the scratch. Otherwise
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import select
 import signal
@@ -43,6 +47,9 @@ _SANDBOX: dict | None = None  # the config's "sandbox" entry when this server ru
 _HANDLERS: dict[int, object] = {}  # the Python signal handlers a fresh interpreter has (inside a sandbox)
 _LIVE: set[int] = set()  # forked workers not reaped yet
 _WIPE_BUDGET = 100_000  # entries a dead worker may leave in the scratch; beyond, the server stops forking
+_CODE_FILES, _CODE_BYTES = 16, 16 << 20  # a spawn request's graded files (a submission has 6, each <= 1 MiB)
+_CODE_ROOT = re.compile(r"code-[0-9a-f]{16}")  # the folder below the scratch that holds a worker's files
+_CODE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\.py")
 
 
 def _child(fds: list[int], req: dict, sock: socket.socket) -> None:
@@ -251,6 +258,43 @@ def _self_check(box: dict) -> str | None:
     return _probe(box["probe"])
 
 
+def _install(code: object, fds: list[int]) -> str | None:
+    """Write one worker's graded files below the scratch (inside a sandbox, right before its fork):
+    `code` = {"root": SCRATCH/code-<16 hex>, "package": name, "files": [name.py, ...]}, and `fds` the
+    files' descriptors, opened by the judge, in that order. None once written, else why not (the
+    server then refuses the fork). Nothing is followed but the judge's own descriptors: the folder is
+    made here, in the scratch this server emptied a moment ago."""
+    if type(code) is not dict:
+        return "the request's code is not a dict"
+    root, package, names = code.get("root"), code.get("package"), code.get("files")
+    if not (type(root) is str and os.path.dirname(root) == _SANDBOX["scratch"]
+            and _CODE_ROOT.fullmatch(os.path.basename(root))):
+        return "the request's code folder is not a fresh folder of the scratch"
+    if not (type(package) is str and package.isidentifier() and type(names) is list
+            and len(names) == len(fds) <= _CODE_FILES
+            and all(type(n) is str and _CODE_NAME.fullmatch(n) for n in names) and len(set(names)) == len(names)):
+        return "the request's code files are malformed"
+    left = _CODE_BYTES
+    try:
+        os.mkdir(root, 0o755)
+        os.mkdir(os.path.join(root, package), 0o755)
+        for name, fd in zip(names, fds):
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                left -= len(chunk)
+                if left < 0:
+                    return f"the submission's files are larger than {_CODE_BYTES >> 20} MiB"
+                chunks.append(chunk)
+            out = os.open(os.path.join(root, package, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(out, b"".join(chunks))
+            finally:
+                os.close(out)
+    except OSError as e:
+        return f"the submission's files could not be written ({e.strerror or e})"
+    return None
+
+
 def _kill_all(statuses: dict[int, int]) -> None:
     """Kill and reap every worker still alive (inside a sandbox: one worker at a time)."""
     for pid in sorted(_LIVE):
@@ -320,26 +364,36 @@ def main() -> None:
         if not readable:
             continue
         try:
-            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3 + _CODE_FILES)
         except OSError:
             os._exit(0)
         if not msg:
             os._exit(0)  # the judge is gone
         req = json.loads(msg)
         if req["op"] == "spawn":
+            pipes, files = fds[:3], fds[3:]  # the worker's stdin, stdout, stderr; its graded files
             if _SANDBOX is not None:
                 _kill_all(statuses)
                 why = _wipe(_SANDBOX["scratch"])
                 if why:  # never fork a worker where the last one's files could still be read
-                    for fd in fds:
+                    why = f"the scratch folder could not be emptied: {why}"
+                elif "code" in req:
+                    why = _install(req["code"], files)
+                for fd in files:
+                    os.close(fd)
+                if why:
+                    for fd in pipes:
                         os.close(fd)
-                    sock.send(json.dumps({"error": f"the scratch folder could not be emptied: {why}"}).encode())
+                    sock.send(json.dumps({"error": why}).encode())
                     continue
+            else:
+                for fd in files:  # the judge's own server: its workers read the submission's copy
+                    os.close(fd)
             pid = os.fork()
             if pid == 0:
-                _child(fds, req, sock)
+                _child(pipes, req, sock)
             _LIVE.add(pid)
-            for fd in fds:
+            for fd in pipes:
                 os.close(fd)
             sock.send(json.dumps({"pid": pid}).encode())
         elif req["op"] == "status":
