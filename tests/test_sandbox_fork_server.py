@@ -290,6 +290,20 @@ def test_later_submissions_share_the_servers_by_role_and_see_nothing_of_earlier_
     assert all(b.mode_used() == "bubblewrap (workers forked from a fork server inside the sandbox)" for b in boxes)
 
 
+def test_a_server_that_died_between_submissions_is_replaced(assignment):
+    """A kept server may die between two submissions (the machine's OOM killer, say): the next
+    submission's workers come from a fresh one, not directly nor from the dead one."""
+    first_box, second_box = (_bubblewrap().with_uid(64095) for _ in range(2))
+    _, first = _grade(assignment, "before-death", first_box)
+    for _, server in list(processes.SANDBOX_SERVERS._servers.values()):
+        signal.pidfd_send_signal(server._sandbox_pidfd(), signal.SIGKILL)  # the server, PID 1 of its sandbox
+        server.proc.wait(timeout=30)  # bwrap and the launcher end with it
+    report, second = _grade(assignment, "after-death", second_box)
+    assert second_box.mode_used() == "bubblewrap (workers forked from a fork server inside the sandbox)"
+    assert not {first[n]["server"] for n in WORKERS} & {second[n]["server"] for n in WORKERS}
+    assert [t["outcome"] for t in report["tests"]] == ["passed", "passed", "failed", "passed"]
+
+
 def test_a_spawn_request_installs_only_plain_files_in_a_fresh_folder_of_the_scratch(tmp_path, monkeypatch):
     """zygote._install writes what the judge's descriptors hold, nowhere but a new code-<hex> folder
     directly below the scratch; anything else in the request is refused, and the server then forks
