@@ -204,6 +204,9 @@ class Replayed:
     # element of the floating elementwise ops (OUTER_OPS) with two or more operands of several values each
     # (not counted as matmul FLOPs), and 2 per input element of the floating reductions
     pairwise_at: list[int] = field(default_factory=list, repr=False)
+    # what the judge's analyses work out once from this replay's final tensors and share between them (e.g.
+    # cases_part2.side_flow); kept per Replayed, never shared between records
+    analyses: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def flops_between(self, start: int, end: int | None = None) -> int:
         """Matmul FLOPs of ops [start, end)."""
@@ -312,6 +315,13 @@ def _claims(out: Any) -> list[tuple[list[int], list[int], str] | None]:
     if type(out) in (list, tuple):
         return [c for i in out for c in _claims(i)]
     return []
+
+
+def _view_claims(out: Any) -> list[tuple[tuple[int, ...], tuple[int, ...], str, int, bool] | None]:
+    """A view op's claims (_claims) as the passes use them, worked out once per op: (shape, strides, dtype,
+    the shape's product, whether a size is negative), or None where the record states none."""
+    return [None if c is None else (tuple(c[0]), tuple(c[1]), c[2], math.prod(c[0]), any(x < 0 for x in c[0]))
+            for c in _claims(out)]
 
 
 _DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
@@ -486,14 +496,19 @@ def check_record(record: Any, n_inputs: int, part: int | None, budget: Budget) -
                             f"{budget.max_constant_elements}): compute from the inputs with torch ops, do not bring "
                             "values in from outside the call", "constants")
     prepared = []
+    infos: dict[str, _Info] = {}  # the ops this record names so far, resolved (for this part)
     for entry in ops:
         if type(entry) is not list or len(entry) != 4 or type(entry[2]) is not dict:
             raise ReplayRefused("an op of the record is malformed", "malformed")
         name, args, kwargs, out = entry
-        if type(name) is str and name.startswith("judge::"):
-            prepared.append(_Op(_judge_info(name), args, kwargs, out))
-            continue
-        info = _info(_resolve(name, part))
+        info = infos.get(name) if type(name) is str else None
+        if info is None:
+            if type(name) is str and name.startswith("judge::"):
+                prepared.append(_Op(_judge_info(name), args, kwargs, out))
+                continue
+            info = _info(_resolve(name, part))
+            if type(name) is str:
+                infos[name] = info
         # The dispatcher hands an op its arguments as its schema orders them: the positional ones in
         # args, only keyword-only ones in kwargs. A record that moves an operand into kwargs was not
         # made by the recorder (and every rule that reads operands reads them where a recording has them).
@@ -570,10 +585,11 @@ def _broadcast_numel(shapes: list) -> int:
         return 1
     if len(shapes) == 1:
         return math.prod(shapes[0])
-    rank = max(len(s) for s in shapes)
+    rank = max(map(len, shapes))
     n = 1
-    for i in range(1, rank + 1):
-        n *= max((s[-i] for s in shapes if len(s) >= i), default=1)
+    # the largest size of every dim, counted from the right (a shape without that dim adds a 0: sizes are >= 0)
+    for sizes in zip(*[(0,) * (rank - len(s)) + tuple(s) for s in shapes]):
+        n *= max(sizes)
     return n
 
 
@@ -707,9 +723,9 @@ class _Op:
 
     def __init__(self, info: _Info, args: Any, kwargs: dict, out: Any) -> None:
         self.info, self.args, self.kwargs, self.out = info, args, kwargs, out
-        self.claims = _claims(out) if info.view else None  # a view's recorded (shape, strides, dtype)s
-        if type(out) is list and len(out) == 2 and out[0] == "$t" and type(out[1]) is int and out[1] >= 0:
-            self.leaves = [out[1]]  # one new tensor: the common case of _out_refs
+        self.claims = _view_claims(out) if info.view else None  # a view's recorded (shape, strides, dtype)s
+        if type(out) is list and len(out) in (2, 5) and out[0] == "$t" and type(out[1]) is int and out[1] >= 0:
+            self.leaves = [out[1]]  # one tensor (a view's with its claim): the common case of _out_refs
         else:
             self.leaves = _out_refs(out)
         # (args template, [(position, ref)], kwargs template, [(name, ref)]) when no tensor sits in a list
@@ -831,8 +847,8 @@ def _preflight(op: _Op, a: list, kw: dict, budget: Budget, state: dict, trusted:
         for c in op.claims:
             if c is None:
                 raise ReplayRefused("a recorded view op does not state its output's shape", "malformed")
-            if math.prod(c[0]) > budget.max_tensor_bytes // 8 or any(x < 0 for x in c[0]):
-                raise ReplayRefused(f"the call makes a view of {math.prod(c[0]):,} elements", "budget")
+            if c[3] > budget.max_tensor_bytes // 8 or c[4]:  # (_view_claims: the shape's product, a negative size)
+                raise ReplayRefused(f"the call makes a view of {c[3]:,} elements", "budget")
         return
     if info.scalar_out:
         _check_touched(state, budget)
@@ -1002,11 +1018,17 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                 else:
                     from_data.update(leaf for leaf in leaves if type(leaf) is int)
             if info.view:
-                tensors = [t for t in got if isinstance(t, Tensor)]
                 claims = op.claims
-                if len(claims) != len(tensors) or any(
-                        c is None or t.shape != tuple(c[0]) or t.stride() != tuple(c[1])
-                        or _DTYPE_NAME.get(t.dtype) != c[2] for t, c in zip(tensors, claims)):
+                if type(result) is Tensor and len(claims) == 1:  # one view: the common case
+                    c = claims[0]
+                    wrong = c is None or result.shape != c[0] or result.stride() != c[1] \
+                        or _DTYPE_NAME.get(result.dtype) != c[2]
+                else:
+                    tensors = [t for t in got if isinstance(t, Tensor)]
+                    wrong = len(claims) != len(tensors) or any(
+                        c is None or t.shape != c[0] or t.stride() != c[1] or _DTYPE_NAME.get(t.dtype) != c[2]
+                        for t, c in zip(tensors, claims))
+                if wrong:
                     raise ReplayRefused(f"the record's {name} does not match its replay", "malformed")
             leaves = op.leaves
             if len(leaves) == 1 and len(got) == 1 and type(leaves[0]) is int and type(result) is Tensor:
@@ -1064,6 +1086,8 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                     pairs = [(x, None) for x in operands_all]
                 operands: list | None = []
                 held: list[int] = []
+                own: list[int] = []  # _effective_numel of the tensor operands looked at (pairwise_at below)
+                looked = 0  # the pairs looked at before a break
                 for x, r in pairs:
                     if isinstance(x, Tensor):
                         c = carries.get(r) if carries else None
@@ -1073,11 +1097,13 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                             operands = None
                             break
                         e = _effective_numel(x)
+                        own.append(e)
                         if c is not None and c[0] < e and c[1] == x._version:
                             e = c[0]  # followed back through a copy (_carried)
                         if e > 1:
                             operands.append(x)
                             held.append(e)
+                    looked += 1
                 if operands is not None and len(operands) >= 2 and max(held) < n_out:
                     shape = list(got[0].shape)
                     aligned = [[1] * (len(shape) - x.dim()) + list(x.shape) for x in operands]
@@ -1098,8 +1124,9 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                         flops[name] += 2 * n_out
                         total += 2 * n_out
                         flops_at[-1] = total
-                if total == counted and got[0].is_floating_point() and sum(
-                        1 for x, _ in pairs if isinstance(x, Tensor) and _effective_numel(x) > 1) >= 2:
+                # (operands of several values each: those looked at above, then the rest)
+                if total == counted and got[0].is_floating_point() and sum(1 for e in own if e > 1) + sum(
+                        1 for x, _ in pairs[looked:] if isinstance(x, Tensor) and _effective_numel(x) > 1) >= 2:
                     pairwise += 2 * n_out
                     pairwise_at[-1] = pairwise
             elif info.kind == "reduction" and op.fast is not None and op.fast[1] and got and \
