@@ -406,51 +406,114 @@ class Extent(NamedTuple):
     bound: str  # what bounds it: "keys" (B_c), "tile" (a tile's largest dim), "batch" (the (batch, head) pairs)
 
 
+class SideFlow:
+    """What Sides follows through each op of a replay, worked out once per replay (side_flow): the
+    nodes the op passes sides from (`reads`) and to (`writes`). A node is a storage (its data pointer:
+    what is written into a buffer through any view reaches every view of it), or, for a tensor without
+    a readable storage, its own ref. All of it is a function of the replay's own final tensors (shapes,
+    strides, storages), none of a walk's state, so every walk of the replay shares it."""
+
+    def __init__(self, rp: replay.Replayed) -> None:
+        self.env = rp.env
+        self._node: dict[int, Any] = {}  # ref -> its node
+        self._number: dict[int, bool] = {}  # ref -> _is_number of its tensor
+        self.reads: list[tuple[Any, ...]] = []  # per op: the nodes it passes sides from
+        self.writes: list[tuple[Any, ...]] = []  # per op: the nodes of its tensor leaves
+        self.shape_only: list[bool] = []  # per op: its values come from shapes and numbers (replay._SHAPE_ONLY)
+        self.matmuls: list[int] = []  # the ops key_extents measures: matmuls (_MATMULS) with their tensors in place
+        self.mixing: list[int] = []  # the ops hand_made_products looks at: any other op of data that reads two tensors
+        nodes, numbers, env = self._node, self._number, rp.env
+        shape_only_kinds = replay._SHAPE_ONLY
+
+        def node(ref: int) -> Any:
+            n = nodes.get(ref)
+            return n if n is not None else self.node(ref)
+
+        for index, op in enumerate(rp.prepared):
+            info = op.info
+            kind = info.kind
+            reads = op.reads
+            plain = info.short.removesuffix("_")  # baddbmm_ multiplies like baddbmm
+            if plain in _MATMULS and op.fast is not None:
+                self.matmuls.append(index)
+            if not info.view and plain not in _MIXING_ALLOWED and kind not in shape_only_kinds \
+                    and info.trusted is None and len(reads) > 1:  # (a judge:: op is the judge's own code)
+                self.mixing.append(index)
+            if kind == "elementwise" and (out := _first_out(rp, op)) is not None and out.numel() > 1:
+                # a number spread over an elementwise op's output passes on no side (k + 0·q[0, 0] is k)
+                kept = []
+                for ref in reads:
+                    number = numbers.get(ref)
+                    if number is None:
+                        number = numbers[ref] = _is_number(env.get(ref))
+                    if not number:
+                        kept.append(node(ref))
+                self.reads.append(tuple(kept))
+            else:
+                self.reads.append(tuple([node(ref) for ref in reads]))
+            self.writes.append(tuple([node(leaf) for leaf in op.leaves if type(leaf) is int]))
+            self.shape_only.append(kind in shape_only_kinds)
+
+    def node(self, ref: int) -> Any:
+        """The node whose bits a ref's tensor has: its storage's data pointer, else ("ref", ref)."""
+        n = self._node.get(ref)
+        if n is None:
+            t = self.env.get(ref)
+            try:
+                ptr = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+            except (RuntimeError, NotImplementedError):
+                ptr = None
+            n = self._node[ref] = ptr if ptr is not None else ("ref", ref)
+        return n
+
+
+def side_flow(rp: replay.Replayed) -> SideFlow:
+    """rp's SideFlow, made on first use and kept with the replay (rp.analyses): key_extents,
+    hand_made_products, scores_like_shapes and liveness.peak_score_like all walk the same replay."""
+    flow = rp.analyses.get("side_flow")
+    if flow is None:
+        flow = rp.analyses["side_flow"] = SideFlow(rp)
+    return flow
+
+
 class Sides:
     """What each tensor of a replay derives from (QUERY_SIDE / KEY_SIDE / VALUE_SIDE bits), followed op
-    by op from `sides` (input ref -> bits; default the forward's q, k, v) with `step`. Followed per
-    storage too: data written in place into a buffer (copy_, index_put_, slice assignment) reaches
-    every view of it, also one taken before the write. With `data_only`, ops whose values come from
+    by op from `sides` (input ref -> bits; default the forward's q, k, v) with `follow`. Followed per
+    storage: data written in place into a buffer (copy_, index_put_, slice assignment) reaches every
+    view of it, also one taken before the write (a view's own bits never differ from its storage's, so
+    the bits are kept per storage: SideFlow's nodes). With `data_only`, ops whose values come from
     shapes and numbers (ones_like, new_zeros, arange: replay._SHAPE_ONLY) pass on no side: positions
     counted by a cumsum of ones_like(q) derive from no data."""
 
     def __init__(self, rp: replay.Replayed, sides: dict[int, int] | None = None, data_only: bool = False) -> None:
         self.rp, self.data_only = rp, data_only
-        self.mask = dict(FORWARD_SIDES if sides is None else sides)
-        self.storage: dict[int | None, int] = {}
-        self._pointer: dict[int, int | None] = {}
-        for ref, m in list(self.mask.items()):
-            st = self._storage_of(ref)
-            self.storage[st] = self.storage.get(st, 0) | m
-
-    def _storage_of(self, ref: int) -> int | None:
-        if ref not in self._pointer:
-            t = self.rp.env.get(ref)
-            try:
-                self._pointer[ref] = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
-            except (RuntimeError, NotImplementedError):
-                self._pointer[ref] = None
-        return self._pointer[ref]
+        self.flow = side_flow(rp)
+        self.at = 0  # the ops followed so far: [0, at)
+        self.storage: dict[Any, int] = {}  # node (a storage's data pointer, or ("ref", ref)) -> bits
+        for ref, m in (FORWARD_SIDES if sides is None else sides).items():
+            n = self.flow.node(ref)
+            self.storage[n] = self.storage.get(n, 0) | m
 
     def of(self, ref: int) -> int:
-        st = self._storage_of(ref)
-        return self.mask.get(ref, 0) | (self.storage.get(st, 0) if st is not None else 0)
+        return self.storage.get(self.flow.node(ref), 0)
 
-    def step(self, op: Any) -> None:
-        if self.data_only and op.info.kind in replay._SHAPE_ONLY:
-            return
-        m = 0
-        out = _first_out(self.rp, op) if op.info.kind == "elementwise" else None
-        for ref in op.reads:
-            if out is not None and out.numel() > 1 and _is_number(self.rp.env.get(ref)):
-                continue  # a number spread over an elementwise op's output passes on no side (k + 0·q[0, 0] is k)
-            m |= self.of(ref)
-        for leaf in op.leaves:
-            if type(leaf) is int:
-                self.mask[leaf] = self.mask.get(leaf, 0) | m
-                st = self._storage_of(leaf)
-                if st is not None:
-                    self.storage[st] = self.storage.get(st, 0) | m
+    def follow(self, end: int | None = None) -> None:
+        """Follow the ops from the last one followed up to `end` (exclusive; None: all of them), in order:
+        each passes the bits of what it reads on to what it writes."""
+        flow, bits = self.flow, self.storage
+        end = len(flow.reads) if end is None else end
+        reads, writes = flow.reads, flow.writes
+        skip = flow.shape_only if self.data_only else None
+        for index in range(self.at, end):
+            if skip is not None and skip[index]:
+                continue
+            m = 0
+            for n in reads[index]:
+                m |= bits.get(n, 0)
+            if m:
+                for n in writes[index]:
+                    bits[n] = bits.get(n, 0) | m
+        self.at = max(self.at, end)
 
 
 def scores_like_shapes(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[tuple[int, ...]]:
@@ -458,8 +521,7 @@ def scores_like_shapes(rp: replay.Replayed, sides: dict[int, int] | None = None)
     and the key side: score tiles, P̃, statistics, accumulators, the outputs; a row panel of S or a
     whole row of scores, however it was put together (one matmul, or tiles concatenated)."""
     sd = Sides(rp, sides)
-    for op in rp.prepared:
-        sd.step(op)
+    sd.follow()
     return [tuple(rp.env[ref].shape) for ref in rp.new_storage_of
             if isinstance(rp.env.get(ref), torch.Tensor) and sd.of(ref) & QUERY_SIDE and sd.of(ref) & KEY_SIDE]
 
@@ -475,11 +537,11 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
     Q, K, V = QUERY_SIDE, KEY_SIDE, VALUE_SIDE
     sd = Sides(rp, sides)
     found = []
-    for index, op in enumerate(rp.prepared):
-        sd.step(op)
-        where = _MATMULS.get(op.info.short.removesuffix("_"))  # baddbmm_ multiplies like baddbmm
-        if where is None or op.fast is None:
-            continue
+    prepared = rp.prepared
+    for index in sd.flow.matmuls:
+        op = prepared[index]
+        sd.follow(index + 1)  # the op's own output too
+        where = _MATMULS[op.info.short.removesuffix("_")]  # baddbmm_ multiplies like baddbmm
         slots = dict(op.fast[1])
         if where[0] not in slots or where[1] not in slots:
             continue
@@ -540,29 +602,29 @@ def hand_made_products(rp: replay.Replayed, sides: dict[int, int] | None = None)
     Q, KV = QUERY_SIDE, KEY_SIDE | VALUE_SIDE
     sd = Sides(rp, sides, data_only=True)
     found: list[HandMade] = []
-    for index, op in enumerate(rp.prepared):
+    prepared = rp.prepared
+    for index in sd.flow.mixing:
+        op = prepared[index]
         name = op.info.short.removesuffix("_")
-        if not op.info.view and name not in _MIXING_ALLOWED and op.info.kind not in replay._SHAPE_ONLY \
-                and op.info.trusted is None and len(op.reads) > 1:  # (a judge:: op is the judge's own code)
-            q_only = kv_only = None
-            tensors = []
-            for ref in op.reads:
-                t = rp.env.get(ref)
-                if not isinstance(t, torch.Tensor):
-                    continue
-                tensors.append(t)  # a number made from q is data too: q_ic · k_jc summed over c is q_i · k_j
-                bits = sd.of(ref)  # before the op writes (an in-place mul_ mixes its operands' sides)
-                if bits & Q and not bits & KV:
-                    q_only = q_only if q_only is not None else tuple(t.shape)
-                elif bits & KV and not bits & Q:
-                    kv_only = kv_only if kv_only is not None else tuple(t.shape)
-            if q_only is not None and kv_only is not None:
-                out = _first_out(rp, op)
-                over_one = name == "mul" and len(tensors) == 2 and out is not None and \
-                    liveness._outer_over_one(tensors, tuple(out.shape))
-                if not over_one:
-                    found.append(HandMade(index, op.info.short, (q_only, kv_only)))
-        sd.step(op)
+        sd.follow(index)  # before the op writes (an in-place mul_ mixes its operands' sides)
+        q_only = kv_only = None
+        tensors = []
+        for ref in op.reads:
+            t = rp.env.get(ref)
+            if not isinstance(t, torch.Tensor):
+                continue
+            tensors.append(t)  # a number made from q is data too: q_ic · k_jc summed over c is q_i · k_j
+            bits = sd.of(ref)
+            if bits & Q and not bits & KV:
+                q_only = q_only if q_only is not None else tuple(t.shape)
+            elif bits & KV and not bits & Q:
+                kv_only = kv_only if kv_only is not None else tuple(t.shape)
+        if q_only is not None and kv_only is not None:
+            out = _first_out(rp, op)
+            over_one = name == "mul" and len(tensors) == 2 and out is not None and \
+                liveness._outer_over_one(tensors, tuple(out.shape))
+            if not over_one:
+                found.append(HandMade(index, op.info.short, (q_only, kv_only)))
     return found
 
 

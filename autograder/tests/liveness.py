@@ -196,8 +196,7 @@ def peak_score_like(rp: replay.Replayed, sides: dict[int, int] | None = None, li
 
     lives = lives or Lives(rp)
     sd = Sides(rp, sides)
-    for op in rp.prepared:
-        sd.step(op)
+    sd.follow()
     both = QUERY_SIDE | KEY_SIDE
     return peak_elements(lives, [s for ptr, s in lives.storages.items() if sd.storage.get(ptr, 0) & both == both])
 
