@@ -394,10 +394,13 @@ def _effective_numel(t: torch.Tensor) -> int:
     for size, stride in zip(t.shape, t.stride()):
         if stride != 0:
             n *= size
-    key = _storage_key(t)
-    if key is None or t.element_size() == 0:
-        return min(n, t.numel())
-    return min(n, t.numel(), key[1] // t.element_size())
+    n = min(n, t.numel())
+    try:  # (what _storage_key reads, without its data pointer: this runs for most operands of most ops)
+        nbytes = t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):
+        return n
+    size = t.element_size()
+    return min(n, nbytes // size) if size else n
 
 
 # Ops whose output holds no more distinct values than one source operand (the first tensor argument;

@@ -406,29 +406,43 @@ class Extent(NamedTuple):
     bound: str  # what bounds it: "keys" (B_c), "tile" (a tile's largest dim), "batch" (the (batch, head) pairs)
 
 
+class _PerRef(dict):
+    """ref -> fn(the replay's tensor of ref, ref), worked out on first use."""
+
+    def __init__(self, env: dict[int, Any], fn: Callable[[Any, int], Any]) -> None:
+        super().__init__()
+        self.env, self.fn = env, fn
+
+    def __missing__(self, ref: int) -> Any:
+        value = self[ref] = self.fn(self.env.get(ref), ref)
+        return value
+
+
+def _node(t: Any, ref: int) -> Any:
+    """A tensor's SideFlow node: its storage's data pointer (what is written into a buffer through any view
+    reaches every view of it), or ("ref", ref) for a tensor without a readable storage."""
+    try:
+        ptr = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+    except (RuntimeError, NotImplementedError):
+        ptr = None
+    return ptr if ptr is not None else ("ref", ref)
+
+
 class SideFlow:
     """What Sides follows through each op of a replay, worked out once per replay (side_flow): the
-    nodes the op passes sides from (`reads`) and to (`writes`). A node is a storage (its data pointer:
-    what is written into a buffer through any view reaches every view of it), or, for a tensor without
-    a readable storage, its own ref. All of it is a function of the replay's own final tensors (shapes,
-    strides, storages), none of a walk's state, so every walk of the replay shares it."""
+    nodes (_node: storages) the op passes sides from (`reads`) and to (`writes`). All of it is a
+    function of the replay's own final tensors (shapes, strides, storages), none of a walk's state, so
+    every walk of the replay shares it."""
 
     def __init__(self, rp: replay.Replayed) -> None:
-        self.env = rp.env
-        self._node: dict[int, Any] = {}  # ref -> its node
-        self._number: dict[int, bool] = {}  # ref -> _is_number of its tensor
+        self.node = _PerRef(rp.env, _node)  # ref -> its node
         self.reads: list[tuple[Any, ...]] = []  # per op: the nodes it passes sides from
         self.writes: list[tuple[Any, ...]] = []  # per op: the nodes of its tensor leaves
         self.shape_only: list[bool] = []  # per op: its values come from shapes and numbers (replay._SHAPE_ONLY)
         self.matmuls: list[int] = []  # the ops key_extents measures: matmuls (_MATMULS) with their tensors in place
         self.mixing: list[int] = []  # the ops hand_made_products looks at: any other op of data that reads two tensors
-        nodes, numbers, env = self._node, self._number, rp.env
+        node, number = self.node, _PerRef(rp.env, lambda t, ref: _is_number(t))
         shape_only_kinds = replay._SHAPE_ONLY
-
-        def node(ref: int) -> Any:
-            n = nodes.get(ref)
-            return n if n is not None else self.node(ref)
-
         for index, op in enumerate(rp.prepared):
             info = op.info
             kind = info.kind
@@ -439,32 +453,15 @@ class SideFlow:
             if not info.view and plain not in _MIXING_ALLOWED and kind not in shape_only_kinds \
                     and info.trusted is None and len(reads) > 1:  # (a judge:: op is the judge's own code)
                 self.mixing.append(index)
+            leaves = op.leaves
             if kind == "elementwise" and (out := _first_out(rp, op)) is not None and out.numel() > 1:
                 # a number spread over an elementwise op's output passes on no side (k + 0·q[0, 0] is k)
-                kept = []
-                for ref in reads:
-                    number = numbers.get(ref)
-                    if number is None:
-                        number = numbers[ref] = _is_number(env.get(ref))
-                    if not number:
-                        kept.append(node(ref))
-                self.reads.append(tuple(kept))
+                self.reads.append(tuple([node[ref] for ref in reads if not number[ref]]))
             else:
-                self.reads.append(tuple([node(ref) for ref in reads]))
-            self.writes.append(tuple([node(leaf) for leaf in op.leaves if type(leaf) is int]))
+                self.reads.append(tuple([node[ref] for ref in reads]))
+            self.writes.append((node[leaves[0]],) if len(leaves) == 1 and type(leaves[0]) is int else
+                               tuple([node[leaf] for leaf in leaves if type(leaf) is int]))
             self.shape_only.append(kind in shape_only_kinds)
-
-    def node(self, ref: int) -> Any:
-        """The node whose bits a ref's tensor has: its storage's data pointer, else ("ref", ref)."""
-        n = self._node.get(ref)
-        if n is None:
-            t = self.env.get(ref)
-            try:
-                ptr = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
-            except (RuntimeError, NotImplementedError):
-                ptr = None
-            n = self._node[ref] = ptr if ptr is not None else ("ref", ref)
-        return n
 
 
 def side_flow(rp: replay.Replayed) -> SideFlow:
@@ -491,11 +488,11 @@ class Sides:
         self.at = 0  # the ops followed so far: [0, at)
         self.storage: dict[Any, int] = {}  # node (a storage's data pointer, or ("ref", ref)) -> bits
         for ref, m in (FORWARD_SIDES if sides is None else sides).items():
-            n = self.flow.node(ref)
+            n = self.flow.node[ref]
             self.storage[n] = self.storage.get(n, 0) | m
 
     def of(self, ref: int) -> int:
-        return self.storage.get(self.flow.node(ref), 0)
+        return self.storage.get(self.flow.node[ref], 0)
 
     def follow(self, end: int | None = None) -> None:
         """Follow the ops from the last one followed up to `end` (exclusive; None: all of them), in order:
