@@ -278,3 +278,76 @@ def test_a_product_written_in_place_into_the_result_is_live():
 
     rp = _replay(accumulate, q, k, v)
     assert L.live_matmul_flops(rp) == rp.matmul_flops - 2 * 8 * 8 * 4 == 2 * 2 * 8 * 8 * 4
+
+
+# --- what each tensor derives from (cases_part2.Sides), followed with its precomputed SideFlow ------------------
+
+
+class _SidesByDefinition:
+    """cases_part2.Sides as it is defined, op by op: bits per ref and per storage, an elementwise op's number
+    operands (_is_number) passing on nothing, shape-only ops nothing with data_only (the oracle of SideFlow)."""
+
+    def __init__(self, rp, sides, data_only):
+        self.rp, self.data_only = rp, data_only
+        self.mask, self.storage = dict(sides), {}
+        for ref, m in sides.items():
+            st = self._storage_of(ref)
+            self.storage[st] = self.storage.get(st, 0) | m
+
+    def _storage_of(self, ref):
+        t = self.rp.env.get(ref)
+        try:
+            return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+        except (RuntimeError, NotImplementedError):
+            return None
+
+    def of(self, ref):
+        st = self._storage_of(ref)
+        return self.mask.get(ref, 0) | (self.storage.get(st, 0) if st is not None else 0)
+
+    def step(self, op):
+        if self.data_only and op.info.kind in R._SHAPE_ONLY:
+            return
+        env, m = self.rp.env, 0
+        leaf = op.leaves[0] if op.leaves else None
+        out = env.get(leaf) if op.info.kind == "elementwise" and type(leaf) is int else None
+        for ref in op.reads:
+            t = env.get(ref)
+            if isinstance(out, torch.Tensor) and out.numel() > 1 and (
+                    not isinstance(t, torch.Tensor) or R._effective_numel(t) <= 1):
+                continue
+            m |= self.of(ref)
+        for leaf in op.leaves:
+            if type(leaf) is int:
+                self.mask[leaf] = self.mask.get(leaf, 0) | m
+                st = self._storage_of(leaf)
+                if st is not None:
+                    self.storage[st] = self.storage.get(st, 0) | m
+
+
+def _mixed_in_place(q, k, v):
+    """Tiles written into a buffer through a view taken before the write, a number made from q spread over k,
+    positions from ones_like, an in-place mul_ of q- and k-side data, a product of a one-element tensor."""
+    buf = q.new_zeros(q.shape[0], k.shape[0])
+    left = buf[:, :4]
+    buf[:, :4] = q @ k[:4].t()
+    k2 = k + 0 * q[0, 0]
+    pos = torch.ones_like(q[:, 0]).cumsum(0)
+    w = q[:, :1].clone()
+    w.mul_(k2[:8, :1])
+    return left.sum() + buf.sum() + pos.sum() + w.sum() + (k2 * q[:1, :1]).sum() + (v[0, 0] * q).sum()
+
+
+@pytest.mark.parametrize("program", [_mixed_in_place, _tiles_in_a_buffer, _tiles_through_index_put])
+def test_sides_follow_the_ops_as_their_definition(program):
+    from autograder.tests.cases_part2 import FORWARD_SIDES, Sides
+
+    q, k, v = _qkv(8, 4, nk=32)
+    rp = _replay(program, q, k, v)
+    refs = sorted(set(rp.env) | {leaf for op in rp.prepared for leaf in op.leaves if type(leaf) is int})
+    for data_only in (False, True):
+        fast, slow = Sides(rp, FORWARD_SIDES, data_only), _SidesByDefinition(rp, FORWARD_SIDES, data_only)
+        for index, op in enumerate(rp.prepared):
+            fast.follow(index + 1)
+            slow.step(op)
+            assert [fast.of(r) for r in refs] == [slow.of(r) for r in refs], (index, op.info.name)
