@@ -282,11 +282,14 @@ def _keeps_several(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tens
     if a is None or b is None:
         return out
     for t, other in ((a, b), (b, a)):
+        kept = (t >= 2) & (other == REDUCED)  # where an id of t can stay: the other operand is reduced there
+        if t.numel() and not bool(kept.any()):
+            continue  # (nothing to keep, as for m·α: _several is the costly part; an empty t raises in it)
         keep = _several(t)
         if bool(keep[KEY]):  # scores of several keys stay (query, key) data, of one query row too (a decode)
             keep[QUERY] = True
         if bool(keep.any()):
-            out = torch.where(keep & (t >= 2) & (other == REDUCED), t, out)
+            out = torch.where(keep & kept, t, out)
     return out
 
 
