@@ -945,6 +945,8 @@ def _run(op: _Op, a: list, kw: dict, trusted: dict) -> Any:
         if info.trusted is not None:
             return trusted[info.trusted](*a, **kw)
         result = info.call(*a, **kw)
+    except ReplayRefused:  # a trusted op's own refusal (arguments it does not take) says why itself
+        raise
     except Exception as exc:  # noqa: BLE001 -- whatever a recorded op raises, the submission fails
         raise ReplayRefused(f"the recorded op {info.name[:60]} raised on the judge's inputs ({type(exc).__name__}): "
                             "graded code must not compute indices or shapes from the values of its inputs",
