@@ -19,7 +19,7 @@ MAX_SOURCE_BYTES = 1 << 20  # a graded file larger than 1 MiB is refused
 class SubmissionCopy:
     root: Path  # private temp folder
     package_dir: Path  # root/sub/<PACKAGE>: the graded files only
-    lib_dir: Path  # root/lib: worker (and fork server) code + links to course and autograder.scenarios
+    lib_dir: Path  # root/lib: worker code + links to course and autograder.scenarios (a direct worker's)
     present: dict[str, str]  # graded file name -> source text
     problems: dict[str, str]  # graded file name -> why it was not taken
     sha256: str
@@ -61,5 +61,5 @@ def prepare_submission(impl_dir: Path, graded_files: Sequence[str], workdir: Pat
             present[name] = text
             digest.update(name.encode() + b"\0" + raw + b"\0")
     lib_dir = workdir / "lib"
-    write_lib(lib_dir, extra=("zygote.py",))  # zygote.py: bubblewrap's fork server runs from this copy too
+    write_lib(lib_dir)  # a directly started worker's import root (fork servers have their own)
     return SubmissionCopy(workdir, package_dir, lib_dir, present, problems, digest.hexdigest())
