@@ -285,9 +285,11 @@ def _install(code: object, fds: list[int]) -> str | None:
                 if left < 0:
                     return f"the submission's files are larger than {_CODE_BYTES >> 20} MiB"
                 chunks.append(chunk)
+            data = memoryview(b"".join(chunks))
             out = os.open(os.path.join(root, package, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                os.write(out, b"".join(chunks))
+                while data:  # (a write may take only part of it)
+                    data = data[os.write(out, data):]
             finally:
                 os.close(out)
     except OSError as e:
