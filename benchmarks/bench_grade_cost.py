@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.instrument import wrapped  # noqa: E402
+
 
 def _descendants_cpu_s() -> float:
     """CPU seconds of this process's descendants (the fork server and its workers), each counted
@@ -56,22 +58,24 @@ def main() -> dict:
     from autograder.engine.runner import grade
 
     seen = {"requests": 0, "replays": 0, "ops": 0}
-    request, replay_record = judge.Engine.request, replay._replay_record
 
-    def counted_request(self, *a, **kw):
-        seen["requests"] += 1
-        return request(self, *a, **kw)
+    def count_requests(request):
+        def counted(self, *a, **kw):
+            seen["requests"] += 1
+            return request(self, *a, **kw)
+        return counted
 
-    def counted_replay(*a, **kw):
-        out = replay_record(*a, **kw)
-        seen["replays"] += 1
-        seen["ops"] += out[0].ops
-        return out
+    def count_replays(replay_record):
+        def counted(*a, **kw):
+            out = replay_record(*a, **kw)
+            seen["replays"] += 1
+            seen["ops"] += out[0].ops
+            return out
+        return counted
 
-    judge.Engine.request, replay._replay_record = counted_request, counted_replay
     sets = ("public", "hidden")
     rows = []
-    try:
+    with wrapped([(judge.Engine, "request", count_requests), (replay, "_replay_record", count_replays)]):
         grade("solutions", test_sets=sets)  # warm-up: imports, the fork server, first-use caches
         for part in load_rubric().numbers:
             seen.update(requests=0, replays=0, ops=0)
@@ -81,8 +85,6 @@ def main() -> dict:
             rows.append({"part": part, "tests": sum(p["total"] for p in report["parts"]), **seen,
                          "judge_cpu_s": cpu, "worker_cpu_s": workers, "wall_s": wall,
                          "points": f"{report['total']:g}/{report['max_total']:g}"})
-    finally:
-        judge.Engine.request, replay._replay_record = request, replay_record
     head = f"{'part':>4} {'tests':>5} {'requests':>8} {'replays':>7} {'ops':>8} {'judge s':>8} {'worker s':>8} {'wall s':>7}  points"
     print("one grade of solutions/ (public + hidden), per part; CPU seconds:")
     print(head)

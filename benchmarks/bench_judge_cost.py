@@ -36,6 +36,8 @@ from typing import Any, Callable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.instrument import wrapped  # noqa: E402
+
 
 class StageClock:
     """Exclusive wall time per stage of wrapped functions: time spent in a wrapped function called from
@@ -67,22 +69,15 @@ class StageClock:
         self.calls.clear()
 
 
-def _patch(clock: StageClock) -> Callable[[], None]:
-    """Wrap the stages in place; returns the function that undoes it."""
+def stages(clock: StageClock) -> list[tuple[Any, str, Callable]]:
+    """The judge's stages, as targets of instrument.wrapped, each timed by `clock`."""
     from autograder.engine import judge, replay
     from autograder.tests import liveness
 
     targets = [("worker calls", judge.Engine, "request"), ("meta check", replay, "check_record"),
                ("main replay", replay, "_real_pass"), ("twin replay", replay, "_twin_pass"),
                ("tag replay", liveness, "pair_keys"), ("live intervals", liveness.Lives, "__init__")]
-    saved = [(owner, name, getattr(owner, name)) for _, owner, name in targets]
-    for stage, owner, name in targets:
-        setattr(owner, name, clock.wrap(stage, getattr(owner, name)))
-
-    def undo() -> None:
-        for owner, name, fn in saved:
-            setattr(owner, name, fn)
-    return undo
+    return [(owner, name, functools.partial(clock.wrap, stage)) for stage, owner, name in targets]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -101,13 +96,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     sets = tuple(s for s in a.sets.split(",") if s)
     grade(ROOT / "solutions", parts=[a.part], test_sets=sets)  # warm-up
     clock = StageClock()
-    undo = _patch(clock)
-    try:
+    with wrapped(stages(clock)):
         t0 = time.perf_counter()
         report = grade(impl, parts=[a.part], test_sets=sets)
         wall = time.perf_counter() - t0
-    finally:
-        undo()
     memory.release()
     held, peak = memory.resident_anon(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     part = report["parts"][0] if report.get("parts") else {}
