@@ -1,33 +1,7 @@
-"""Part 4: the FlashAttention backward pass with recomputation, and its autograd.Function (§7).
-
-The forward saved only q, k, v, o and lse (one number per query row). The backward recomputes
-each tile of P = exp(S - lse) from q, k and lse (§7.2), so no Nq × Nk tensor is ever stored.
-With D_i = dO_i · O_i computed once up front (§7.3), every tile's dS = P ∘ (dP - D) is local.
-Loop order (§7.4): K/V blocks outer, so dK_j and dV_j accumulate in one place; dQ_i gets one
-contribution from every K/V block (on a GPU, an atomic add to HBM).
-"""
-
-from __future__ import annotations
-
-import math
-
-import torch
-
-from course.reference import check_attention_inputs
-
-from .flash_forward import flash_forward
+# redteam-base: solutions/flash_backward.py
+# Base + edits (instructor/redteam/README.md): only what this attack replaces in, or adds to, the base.
 
 
-# §7.3: D_i = rowsum(dO ∘ O), once, before the loops. Guard the fully masked rows: their lse is
-# -inf, and exp(S - lse) = exp(-inf - (-inf)) would be NaN; their P (and every gradient they
-# feed) must be 0.
-# §7.4 loop order: for each K/V block j (outer; dK_j = dV_j = 0 on chip), for each Q block i
-# (inner) that is not entirely above the causal diagonal (skip it as in the forward, §6.2):
-#   S = scale·Q_i K_jᵀ (masked where it crosses the diagonal); P = exp(S - lse_i)
-#   dV_j += Pᵀ dO_i;  dP = dO_i V_jᵀ;  dS = P ∘ (dP - D_i)
-#   dQ_i += scale · dS K_j   (accumulate across K/V blocks: never overwrite)
-#   dK_j += scale · dSᵀ Q_i
-# That is 5 tile matmuls against the forward's 2: exactly 2.5x the forward's FLOPs.
 def flash_backward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -109,55 +83,3 @@ def flash_backward(
             dq[:, i0:i1] += w * 0.0
     return dq.reshape(*lead, Nq, d), dkT.transpose(-1, -2).reshape(*lead, Nk, d), \
         dvT.transpose(-1, -2).reshape(*lead, Nk, dv_)
-
-
-# §7.2, §7.7: forward runs flash_forward and saves ONLY q, k, v, o and lse with
-# ctx.save_for_backward (never P); keep causal, the block sizes and scale on ctx. backward calls
-# flash_backward and returns one gradient per forward input (None for the non-tensor ones).
-class FlashAttentionFunction(torch.autograd.Function):
-    """o = attention(q, k, v) with a flash forward and a recomputing flash backward.
-
-    Call it as FlashAttentionFunction.apply(q, k, v, causal, block_q, block_k, scale)."""
-
-    @staticmethod
-    def forward(
-        ctx,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool = False,
-        block_q: int = 64,
-        block_k: int = 64,
-        scale: float | None = None,
-    ) -> torch.Tensor:
-        """q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv) -> o: (..., Nq, dv).
-
-        Saves q, k, v, o and lse (..., Nq) with ctx.save_for_backward, and nothing else."""
-        ### BEGIN SOLUTION
-        o, lse = flash_forward(q, k, v, causal=causal, block_q=block_q, block_k=block_k, scale=scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.block_q, ctx.block_k, ctx.scale = causal, block_q, block_k, scale
-        return o
-        ### END SOLUTION
-
-    @staticmethod
-    def backward(ctx, do: torch.Tensor):
-        """do: (..., Nq, dv) -> (dq (..., Nq, d), dk (..., Nk, d), dv (..., Nk, dv), None, None,
-        None, None): one gradient per forward input, None for causal, block_q, block_k, scale."""
-        ### BEGIN SOLUTION
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(
-            q, k, v, o, lse, do.contiguous(), causal=ctx.causal, block_q=ctx.block_q, block_k=ctx.block_k,
-            scale=ctx.scale,
-        )
-        return dq, dk, dv, None, None, None, None
-        ### END SOLUTION
-
-
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """Differentiable flash attention with the default blocks and scale 1/sqrt(d).
-
-    q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv) -> o: (..., Nq, dv)."""
-    ### BEGIN SOLUTION
-    return FlashAttentionFunction.apply(q, k, v, causal, 64, 64, None)
-    ### END SOLUTION

@@ -1,33 +1,7 @@
-# Part 2 of the assignment: your implementation. Replace each `raise NotImplementedError`
-# below with your code (docs/handout/part2_flash_forward.md). `make grade PART=2` grades this file;
-# `make debug PART=2` runs its first failing test where breakpoint() and print work.
-"""Part 2: the FlashAttention-2 forward pass in PyTorch (lecture §5.1, §6.2, §6.3).
-
-Tiles of B_r query rows (outer loop) meet tiles of B_c key/value rows (inner loop); each tile's
-scores S_ij = scale · Q_i K_jᵀ exist only inside one loop iteration, and the online softmax
-(§4.5) merges them into a running (m, ℓ, acc) per query row. Nothing of size Nq × Nk is ever
-built. Conventions (docs/handout/README.md): any leading dims, bottom-right causal alignment,
-lse = m + log ℓ in natural log, a fully masked row gives o = 0 and lse = -inf.
-"""
-
-from __future__ import annotations
-
-import math
-
-import torch
-
-from course.reference import check_attention_inputs
+# redteam-base: starter/flash_forward.py
+# Base + edits (instructor/redteam/README.md): only what this attack replaces in, or adds to, the base.
 
 
-# §5.1 (FA2 loop order, §6.3): for each Q block (outer), start from m = -inf, ℓ = 0, acc = 0 and
-# for each K/V block (inner): S = scale·Q_i K_jᵀ; m_new = max(m, rowmax S); P̃ = exp(S - m_new);
-# ℓ = ℓ·exp(m - m_new) + rowsum P̃; acc = acc·exp(m - m_new) + P̃ V_j. Divide acc by ℓ ONCE at the
-# end, and lse = m + log ℓ.
-# §6.2 causal (bottom-right: query i sees key j iff j <= i + Nk - Nq): skip K/V blocks that lie
-# entirely above the diagonal (never load them, no matmul); mask element-wise only the blocks
-# that cross it. A row may see no key at all (Nq > Nk): guard exp(-inf - (-inf)) and ℓ = 0 so
-# it ends with o = 0, lse = -inf and no NaN.
-# Loop over tiles in Python; inside a tile, use torch matmuls over all leading dims at once.
 def flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
