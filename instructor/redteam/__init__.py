@@ -191,7 +191,7 @@ def assemble(dest: Path, *, honest: bool = True) -> dict[str, dict]:
                 continue
             text = f.read_text(encoding="utf-8")
             if text.startswith(BASE):  # base + edits
-                text = apply_edits(text, str(f.relative_to(ROOT)))
+                text = apply_edits(text, str(f.relative_to(ROOT) if f.is_relative_to(ROOT) else f))
             elif f.name == spec.get("file") and MARK in text:  # the attack block over the CURRENT starter
                 block = text.split(MARK, 1)[1]
                 text = (ROOT / "starter" / f.name).read_text(encoding="utf-8").rstrip("\n") + "\n\n\n" + MARK + block
