@@ -27,8 +27,10 @@ Every mode adds, in the launcher (autograder/engine/confine.py):
 - a seccomp filter that refuses new processes (fork, vfork, clone without CLONE_THREAD; clone3 is
   answered ENOSYS so that glibc falls back to clone for threads), file-backed anonymous memory
   (memfd_create, memfd_secret) and SysV shared memory (shmget), the IPC objects that outlive a
-  worker (msgget, semget, mq_open), every socket but AF_UNIX, and the kernel interfaces a worker
-  never needs (unshare, setns, ptrace, mount, bpf, io_uring, ...);
+  worker (msgget, semget, mq_open), every socket but AF_UNIX, the kernel interfaces a worker
+  never needs (unshare, setns, ptrace, mount, bpf, io_uring, ...), and the calls that change the
+  limits or scheduling of a process of the same uid but the caller (prlimit64, setpriority,
+  sched_set*, ioprio_set on another pid, process group or user);
 - RLIMIT_NPROC / RLIMIT_NOFILE / RLIMIT_CORE / RLIMIT_MEMLOCK. Memory (RLIMIT_AS), CPU time and file
   size are the engine's own per-worker limits (autograder.engine Limits).
 
@@ -105,14 +107,26 @@ _ARCH = {  # machine -> (AUDIT_ARCH_*, {syscall: nr})
                                 perf_event_open=298, userfaultfd=323, keyctl=250, add_key=248,
                                 request_key=249, kexec_load=246, memfd_create=319, memfd_secret=447,
                                 shmget=29, socket=41, io_uring_setup=425, process_vm_writev=311,
-                                open_by_handle_at=304, msgget=68, semget=64, mq_open=240)),
+                                open_by_handle_at=304, msgget=68, semget=64, mq_open=240,
+                                prlimit64=302, sched_setparam=142, sched_setscheduler=144,
+                                sched_setaffinity=203, sched_setattr=314, setpriority=141, ioprio_set=251)),
     "aarch64": (0xC00000B7, dict(clone=220, clone3=435, unshare=97, setns=268, ptrace=117, mount=40,
                                  umount2=39, pivot_root=41, chroot=51, bpf=280, perf_event_open=241,
                                  userfaultfd=282, keyctl=219, add_key=217, request_key=218, kexec_load=104,
                                  memfd_create=279, memfd_secret=447, shmget=194, socket=198,
                                  io_uring_setup=425, process_vm_writev=271, open_by_handle_at=265,
-                                 msgget=186, semget=190, mq_open=180)),
+                                 msgget=186, semget=190, mq_open=180,
+                                 prlimit64=261, sched_setparam=118, sched_setscheduler=119,
+                                 sched_setaffinity=122, sched_setattr=274, setpriority=140, ioprio_set=30)),
 }
+# Calls that change another process's limits or scheduling with nothing but the same uid (no ptrace
+# check, so a fork server that is not dumpable is still open to them): allowed on the caller only,
+# pid 0 (args[0]). A worker shares its uid with its fork server inside a bubblewrap sandbox, which
+# forks the next submissions' workers with the limits it holds (zygote._child).
+_OWN_PID_ONLY = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr")
+# (which, who): setpriority(PRIO_PROCESS = 0, 0) and ioprio_set(IOPRIO_WHO_PROCESS = 1, 0) only; a
+# process group or a user (which) would reach the server too
+_OWN_PROCESS_ONLY = {"setpriority": 0, "ioprio_set": 1}
 _EPERM, _EAGAIN, _EACCES, _ENOSYS = 1, 11, 13, 38
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _CLONE_THREAD = 0x00010000
@@ -141,6 +155,14 @@ def no_fork_filter(machine: str | None = None) -> bytes | None:
     prog += [jeq(nr["memfd_secret"], 0, 1), ret(_RET_ERRNO | _ENOSYS)]
     for name in _DENY:
         prog += [jeq(nr[name], 0, 1), ret(_RET_ERRNO | _EPERM)]
+    # another process's limits or scheduling: refused. Each branch that loads an argument returns, so
+    # the accumulator holds the syscall number again wherever the program goes on. (An int argument is
+    # the low word of its 64-bit slot: the kernel ignores the high word.)
+    for name in _OWN_PID_ONLY:  # pid (args[0]) == 0
+        prog += [jeq(nr[name], 0, 4), ld(16), jeq(0, 0, 1), ret(_RET_ALLOW), ret(_RET_ERRNO | _EPERM)]
+    for name, own in _OWN_PROCESS_ONLY.items():  # which (args[0]) == own, who (args[1]) == 0
+        prog += [jeq(nr[name], 0, 6), ld(16), jeq(own, 0, 3), ld(24), jeq(0, 0, 1), ret(_RET_ALLOW),
+                 ret(_RET_ERRNO | _EPERM)]
     # socket: AF_UNIX (domain = args[0], low word at offset 16) only; no network family at all
     prog += [jeq(nr["socket"], 0, 3), ld(16), jeq(_AF_UNIX, 4, 0), ret(_RET_ERRNO | _EACCES)]
     # clone: a thread (CLONE_THREAD in flags = args[0]) is fine, a process not. Both branches above
@@ -185,7 +207,8 @@ class Sandbox:
     @property
     def process_limit(self) -> str:
         if self.seccomp:
-            return "seccomp filter: no fork/clone of new processes, no memfd/shm, no network sockets"
+            return ("seccomp filter: no fork/clone of new processes, no memfd/shm, no network sockets, no change to "
+                    "another process's limits or scheduling")
         if self.uid is not None:
             return f"RLIMIT_NPROC={self.limits.nproc} for uid {self.uid}"
         return "none beyond the engine's time limit (no seccomp on this architecture)"

@@ -50,6 +50,21 @@ def fork():
     os.waitpid(pid, 0)
 r["fork"] = can(fork)
 r["kill_init"] = can(lambda: os.kill(1, 0))
+# another process's limits and scheduling (the parent, same uid or root: the launcher or bwrap), each set
+# to what it already is, so that a call that goes through changes nothing; then the worker's own
+other = os.getppid()
+r["prlimit_other"] = can(lambda: resource.prlimit(other, resource.RLIMIT_CORE, resource.prlimit(other, resource.RLIMIT_CORE)))
+r["nice_other"] = can(lambda: os.setpriority(os.PRIO_PROCESS, other, os.getpriority(os.PRIO_PROCESS, other)))
+r["nice_user"] = can(lambda: os.setpriority(os.PRIO_USER, 0, 0))
+r["nice_group"] = can(lambda: os.setpriority(os.PRIO_PGRP, 0, 0))
+r["affinity_other"] = can(lambda: os.sched_setaffinity(other, os.sched_getaffinity(other)))
+r["scheduler_other"] = can(lambda: os.sched_setscheduler(other, os.sched_getscheduler(other), os.sched_getparam(other)))
+r["param_other"] = can(lambda: os.sched_setparam(other, os.sched_getparam(other)))
+r["own"] = [can(lambda: resource.setrlimit(resource.RLIMIT_CORE, resource.getrlimit(resource.RLIMIT_CORE))),
+            can(lambda: resource.prlimit(0, resource.RLIMIT_CORE, resource.getrlimit(resource.RLIMIT_CORE))),
+            can(lambda: os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 1)),
+            can(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0))),
+            can(lambda: os.sched_setscheduler(0, os.sched_getscheduler(0), os.sched_getparam(0)))]
 print(json.dumps(r))
 """
 
@@ -112,6 +127,20 @@ def test_every_mode_refuses_memfd_and_shm():
         r = _probe(box.with_uid(64097), read=[], write=[])
         assert (r["memfd"], r["shmget"], r["fork"]) == (False, False, False), (box.mode, r)
         assert (r["msgget"], r["semget"], r["mq_open"]) == (False, False, False), (box.mode, r)
+
+
+def test_every_mode_refuses_changing_another_processs_limits_or_scheduling():
+    """prlimit64, setpriority, sched_set* and ioprio_set need only the same uid (no ptrace check): a
+    worker could lower the limits of the fork server it shares a uid with (bubblewrap), and every later
+    submission's workers, forked with those limits, would fail. Refused on any process but the
+    caller's own (pid 0), in every mode; a worker's own limits and priority it may still change."""
+    for box in (detect(), detect("rlimits")):
+        if not box.seccomp:
+            pytest.skip("no seccomp filter for this architecture")
+        r = _probe(box.with_uid(64097), read=[], write=[])
+        other = {k: v for k, v in r.items() if k.endswith(("_other", "_user", "_group"))}
+        assert len(other) == 7 and not any(other.values()), (box.mode, other)
+        assert r["own"] == [True] * 5, (box.mode, r["own"])
 
 
 def _cli(args: list[str], **env) -> subprocess.CompletedProcess:

@@ -166,6 +166,38 @@ def look():
     if libc.semget(KEY + 1, 1, 0) >= 0:
         found.append("semaphore")
     return sorted(set(found))
+
+
+def poison():
+    """Lower the fork server's (PID 1's) file-size limit and raise its nice value: every worker forked
+    after that would get them, in every later submission (hence the filter, and the server's check)."""
+    import resource
+
+    done = {}
+    for name, change in (("prlimit", lambda: resource.prlimit(1, resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))),
+                         ("nice", lambda: os.setpriority(os.PRIO_PROCESS, 1, 19))):
+        try:
+            change()
+            done[name] = True
+        except OSError:
+            done[name] = False
+    return done
+'''
+
+# a public test that tries to change its server's limits (probe.poison)
+POISON_TESTS = '''
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.part1
+OUT = Path({out!r})
+
+
+def test_public_poisons(student):
+    (OUT / "poison.json").write_text(json.dumps(student.call("probe.poison")))
+    (OUT / "poison_where.json").write_text(json.dumps(student.call("probe.where")))
 '''
 
 
@@ -190,16 +222,16 @@ def assignment(tmp_path_factory) -> dict:
     return {"root": root}
 
 
-def _grade(assignment: dict, name: str, box, **kw) -> tuple[dict, dict]:
+def _grade(assignment: dict, name: str, box, tests_text: str = TESTS, sets: tuple = ("public", "hidden"),
+           **kw) -> tuple[dict, dict]:
     """Grade the probe with `box`; returns (report, {saved name: what the worker said})."""
     out = assignment["root"] / name
     out.mkdir()
     tests = assignment["root"] / f"tests-{name}"
     tests.mkdir()
-    (tests / "test_part1_probe.py").write_text(TESTS.format(out=str(out)))
+    (tests / "test_part1_probe.py").write_text(tests_text.format(out=str(out)))
     report = grade(assignment["root"] / "impl", rubric=assignment["root"] / "rubric.toml", tests_dir=tests,
-                   hidden_dir=assignment["root"] / "hidden", test_sets=("public", "hidden"), worker_prefix=box,
-                   **kw)
+                   hidden_dir=assignment["root"] / "hidden", test_sets=sets, worker_prefix=box, **kw)
     return report, {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 
@@ -301,6 +333,36 @@ def test_a_server_that_died_between_submissions_is_replaced(assignment):
     report, second = _grade(assignment, "after-death", second_box)
     assert second_box.mode_used() == "bubblewrap (workers forked from a fork server inside the sandbox)"
     assert not {first[n]["server"] for n in WORKERS} & {second[n]["server"] for n in WORKERS}
+    assert [t["outcome"] for t in report["tests"]] == ["passed", "passed", "failed", "passed"]
+
+
+def test_a_worker_cannot_change_the_limits_of_the_server_it_shares_a_uid_with(assignment):
+    """The server forks the next submissions' workers with its own limits and scheduling, and a worker
+    has its uid (non-dumpable stops ptrace, not prlimit or setpriority): the seccomp filter refuses those
+    calls on another process, so the server is kept, and the next submission is graded as usual."""
+    _, attacker = _grade(assignment, "poison-refused", _bubblewrap().with_uid(64091), POISON_TESTS, ("public",))
+    assert attacker["poison"] == {"prlimit": False, "nice": False}
+    report, honest = _grade(assignment, "after-poison-refused", _bubblewrap().with_uid(64091))
+    assert honest["public_where"]["server"] == attacker["poison_where"]["server"]  # the same server, kept
+    assert [t["outcome"] for t in report["tests"]] == ["passed", "passed", "failed", "passed"]
+
+
+def test_a_server_whose_limits_a_worker_changed_forks_no_more(assignment):
+    """Should a call slip past the filter (here: a box without one), the server finds its own limits or
+    scheduling changed before its next fork, refuses it and exits: that submission's next workers start
+    directly, and the next submission's come from a fresh server, with the limits they should have."""
+    unfiltered = _bubblewrap().with_uid(64096)
+    unfiltered.seccomp = None
+    _, attacker = _grade(assignment, "poison-unfiltered", unfiltered, POISON_TESTS, ("public",))
+    assert attacker["poison"] == {"prlimit": True, "nice": True}
+    box = _bubblewrap().with_uid(64096)  # the same sandbox (the servers' key), with the filter
+    report, honest = _grade(assignment, "after-poison", box)
+    assert box.mode_used() == ("bubblewrap (workers started directly: the fork server's limits or scheduling "
+                               "are not what they were when it started)"), box.mode_used()
+    assert [t["outcome"] for t in report["tests"]] == ["passed", "passed", "failed", "passed"]
+    report, later = _grade(assignment, "after-poison-later", _bubblewrap().with_uid(64096))
+    assert later["public_where"]["ppid"] == 1 and "zygote" in later["public_where"]["init"]  # forked again
+    assert later["public_where"]["server"] != attacker["poison_where"]["server"]  # by a fresh server
     assert [t["outcome"] for t in report["tests"]] == ["passed", "passed", "failed", "passed"]
 
 

@@ -27,6 +27,11 @@ Two kinds (processes.Zygote):
   * serves ONE worker at a time, and empties the scratch tmpfs, the only place a worker can write,
     when a worker dies and again before each fork (after killing and reaping any child still alive).
     If the scratch cannot be emptied it refuses to fork, and the judge starts the worker directly.
+
+Every server (both kinds) also refuses a fork, and stops serving, once its own resource limits,
+priority, scheduling policy or CPU affinity are not what they were when it started (_own_state): a
+forked worker inherits them, so a worker that changed them (the seccomp filter refuses that already)
+would set the limits of the next submissions' workers.
 """
 from __future__ import annotations
 
@@ -297,6 +302,16 @@ def _install(code: object, fds: list[int]) -> str | None:
     return None
 
 
+def _own_state() -> tuple:
+    """What a process of the workers' uid could change in this server and so pass on to every worker it
+    forks later: its resource limits, priority, scheduling policy and CPU affinity. The workers' seccomp
+    filter refuses those calls on any process but the caller (instructor/sandbox.py); the server checks
+    before each fork that they are what they were when it started all the same."""
+    names = sorted(n for n in dir(resource) if n.startswith("RLIMIT_"))
+    return (tuple(resource.getrlimit(getattr(resource, n)) for n in names), os.getpriority(os.PRIO_PROCESS, 0),
+            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, tuple(sorted(os.sched_getaffinity(0))))
+
+
 def _kill_all(statuses: dict[int, int]) -> None:
     """Kill and reap every worker still alive (inside a sandbox: one worker at a time)."""
     for pid in sorted(_LIVE):
@@ -344,6 +359,7 @@ def main() -> None:
             os._exit(0)
     protocol.write_frame(1, {"ok": True, "ready": True, "pid": os.getpid(), "startup_s": time.perf_counter() - started})
     statuses: dict[int, int] = {}
+    state = _own_state()  # checked before every fork
 
     def reap() -> None:
         died = False
@@ -374,23 +390,25 @@ def main() -> None:
         req = json.loads(msg)
         if req["op"] == "spawn":
             pipes, files = fds[:3], fds[3:]  # the worker's stdin, stdout, stderr; its graded files
+            why = None
             if _SANDBOX is not None:
                 _kill_all(statuses)
                 why = _wipe(_SANDBOX["scratch"])
                 if why:  # never fork a worker where the last one's files could still be read
                     why = f"the scratch folder could not be emptied: {why}"
-                elif "code" in req:
-                    why = _install(req["code"], files)
-                for fd in files:
+            if why is None and _own_state() != state:  # never fork a worker with what an earlier one set
+                why, state = "the fork server's limits or scheduling are not what they were when it started", None
+            if why is None and _SANDBOX is not None and "code" in req:
+                why = _install(req["code"], files)
+            for fd in files:  # (the judge's own server: its workers read the submission's copy)
+                os.close(fd)
+            if why:
+                for fd in pipes:
                     os.close(fd)
-                if why:
-                    for fd in pipes:
-                        os.close(fd)
-                    sock.send(json.dumps({"error": why}).encode())
-                    continue
-            else:
-                for fd in files:  # the judge's own server: its workers read the submission's copy
-                    os.close(fd)
+                sock.send(json.dumps({"error": why}).encode())
+                if state is None:
+                    os._exit(0)  # it serves no more: the judge starts a fresh one, or the workers directly
+                continue
             pid = os.fork()
             if pid == 0:
                 _child(pipes, req, sock)
