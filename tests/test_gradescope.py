@@ -146,12 +146,26 @@ def test_what_students_see_before_publication_is_the_same_for_any_hidden_set(tmp
     assert _visible(few) == _visible(many)
 
 
-def _run_autograder(gs: Path, **extra: str) -> subprocess.CompletedProcess:
+def _run_autograder(gs: Path, cwd: Path | None = None, **extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GRADESCOPE_ROOT": str(gs), "AUTOGRADER_PYTHON": sys.executable, "AUTOGRADER_PARTS": "1",
            "AUTOGRADER_ALLOW_WEAK_SANDBOX": "1", **extra}  # this machine may lack bubblewrap
     env.pop("PYTHONPATH", None)  # run_autograder sets it to the unpacked source
     return subprocess.run(["bash", str(gs / "source" / "run_autograder")], env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, cwd=cwd)
+
+
+def test_run_autograder_takes_relative_paths_as_the_callers(built, tmp_path):
+    """A try-out as the instructor guide shows it: GRADESCOPE_ROOT and AUTOGRADER_PYTHON relative to the
+    folder it is run from (run_autograder changes into the source folder before it runs the engine)."""
+    gs = tmp_path / "autograder"
+    with zipfile.ZipFile(built) as z:
+        z.extractall(gs / "source")
+    (gs / "submission").mkdir()
+    (gs / "submission" / "online_softmax.py").write_text((ROOT / "solutions" / "online_softmax.py").read_text())
+    python = os.path.relpath(sys.executable, tmp_path)  # e.g. ../../../work/main/.venv/bin/python
+    r = _run_autograder(Path("autograder"), cwd=tmp_path, AUTOGRADER_PYTHON=python)
+    assert r.returncode == 0 and "judge exit status: 0" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads((gs / "results" / "results.json").read_text())["score"] == pytest.approx(15)
 
 
 # A submission that forges its own results and kills the grader (as root, with resource limits only,
