@@ -47,7 +47,7 @@ $(STAMP): requirements.txt requirements.lock
 # Not every test passes: the grader exits 1, and GNU make would add "make: *** [Makefile:..: grade]
 # Error 1" under the feedback, which reads like a crash. The recipe then ends make with SIGPIPE,
 # which shells do not report; the exit status stays non-zero (141). grade-ci keeps make's usual ways.
-GRADE_CMD = $(PY) -m autograder.grade --impl $(call q,$(IMPL)) --tests $(call q,$(TESTS)) $(if $(PART),--part $(call q,$(PART))) $(if $(JOBS),--jobs $(call q,$(JOBS)))
+GRADE_CMD = $(PY) -m autograder.grade --impl=$(call q,$(IMPL)) --tests=$(call q,$(TESTS)) $(if $(PART),--part=$(call q,$(PART))) $(if $(JOBS),--jobs=$(call q,$(JOBS)))
 
 grade: $(STAMP)
 	@$(GRADE_CMD) || { s=$$?; [ $$s -eq 1 ] && kill -PIPE $$PPID; exit $$s; }
@@ -56,25 +56,25 @@ grade-ci: $(STAMP)
 	$(GRADE_CMD)
 
 debug: $(STAMP)
-	@$(PY) -m autograder.debug --impl $(call q,$(IMPL)) $(if $(PART),--part $(call q,$(PART)))
+	@$(PY) -m autograder.debug --impl=$(call q,$(IMPL)) $(if $(PART),--part=$(call q,$(PART)))
 
 test: $(STAMP)
 	$(PY) -m pytest tests
 
 demos: $(STAMP)
-	@for p in code/lecture05/0*.py; do echo; echo "=== $$p ==="; $(PY) $$p $(if $(filter command line environment,$(origin IMPL)),--impl $(call q,$(IMPL))) || exit 1; done
+	@for p in code/lecture05/0*.py; do echo; echo "=== $$p ==="; $(PY) $$p $(if $(filter command line environment,$(origin IMPL)),--impl=$(call q,$(IMPL))) || exit 1; done
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(BENCH)
 
 autograde: $(STAMP)
-	$(PY) -m instructor.batch $(call q,$(SUBMISSIONS)) --out $(call q,$(OUT))
+	$(PY) -m instructor.batch $(call q,$(SUBMISSIONS)) --out=$(call q,$(OUT))
 
 gradescope: $(STAMP)
 	$(PY) -m instructor.gradescope build --out build/gradescope-autograder.zip
 
 release: $(STAMP)
-	$(PY) -m instructor.release --out $(call q,$(RELEASE_DIR))
+	$(PY) -m instructor.release --out=$(call q,$(RELEASE_DIR))
 
 starter: $(STAMP)
 	$(PY) -m instructor.make_starter

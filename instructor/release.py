@@ -138,17 +138,17 @@ $(STAMP): requirements.txt requirements.lock
 # recipe ends make itself with SIGPIPE, which shells do not report: the exit status stays
 # non-zero (141) for scripts and CI, and the last lines on screen are the grader's.
 grade: $(DEPS)
-\t@$(PY) -m autograder.grade --impl $(call q,$(IMPL)) $(if $(PART),--part $(call q,$(PART))) || {{ s=$$?; [ $$s -eq 1 ] && kill -PIPE $$PPID; exit $$s; }}
+\t@$(PY) -m autograder.grade --impl=$(call q,$(IMPL)) $(if $(PART),--part=$(call q,$(PART))) || {{ s=$$?; [ $$s -eq 1 ] && kill -PIPE $$PPID; exit $$s; }}
 
 # The same for scripts and CI (GitHub Classroom): the grader's own exit status, make's usual message.
 grade-ci: $(DEPS)
-	@$(PY) -m autograder.grade --impl $(call q,$(IMPL)) $(if $(PART),--part $(call q,$(PART)))
+	@$(PY) -m autograder.grade --impl=$(call q,$(IMPL)) $(if $(PART),--part=$(call q,$(PART)))
 
 debug: $(DEPS)
-\t@$(PY) -m autograder.debug --impl $(call q,$(IMPL)) $(if $(PART),--part $(call q,$(PART)))
+\t@$(PY) -m autograder.debug --impl=$(call q,$(IMPL)) $(if $(PART),--part=$(call q,$(PART)))
 
 demos: $(DEPS)
-\t@for p in code/lecture05/0*.py; do echo; echo "=== $$p ==="; $(PY) $$p --impl $(call q,$(IMPL)) || exit 1; done
+\t@for p in code/lecture05/0*.py; do echo; echo "=== $$p ==="; $(PY) $$p --impl=$(call q,$(IMPL)) || exit 1; done
 """
 
 README = """\

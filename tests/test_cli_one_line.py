@@ -168,8 +168,15 @@ def _dry_run(makefile: Path, *args: str) -> list[list[str]]:
 WEIRD = "it's my work $x"
 
 
+def _values(words: list[str], flag: str) -> list[str]:
+    """What `flag` gets in one command line: `--flag VALUE` or `--flag=VALUE` (the Makefiles' form: a
+    value that starts with a dash is still the flag's)."""
+    return [words[i + 1] if w == flag else w[len(flag) + 1:] for i, w in enumerate(words)
+            if w == flag or w.startswith(flag + "=")]
+
+
 def _words_after(lines: list[list[str]], module: str, flag: str) -> list[str]:
-    found = [w[w.index(flag) + 1] for w in lines if module in w and flag in w]
+    found = [v for w in lines if module in w or _values(w, module) for v in _values(w, flag)]
     assert found, lines
     return found
 
@@ -181,13 +188,15 @@ def test_the_makefiles_pass_every_path_as_one_word():
         lines = _dry_run(repo, target, f"IMPL={WEIRD}", "PART=1")
         mod = "autograder.debug" if target == "debug" else "autograder.grade"
         assert _words_after(lines, mod, "--impl") == ["it's my work "], lines  # make expands $x itself
+        dashed = _dry_run(repo, target, "IMPL=-my work", "PART=1")  # a folder named with a leading dash
+        assert _words_after(dashed, mod, "--impl") == ["-my work"] and not any("-my work" in w for w in dashed)
     lines = _dry_run(repo, "autograde", "SUBMISSIONS=my subs", "OUT=my out")
     assert _words_after(lines, "instructor.batch", "--out") == ["my out"] and ["my subs"] == [
         w[w.index("instructor.batch") + 1] for w in lines if "instructor.batch" in w]
     assert _words_after(_dry_run(repo, "release", "RELEASE_DIR=a b"), "instructor.release",
                         "--out") == ["a b"]
     demos = _dry_run(repo, "demos", "IMPL=my work")
-    assert demos and all(w[w.index("--impl") + 1] == "my work" for w in demos if "--impl" in w)
+    assert _words_after(demos, "--impl", "--impl") == ["my work"] * len(demos)
 
 
 @pytest.mark.skipif(subprocess.run(["make", "--version"], capture_output=True).returncode != 0, reason="no make")
