@@ -113,9 +113,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from autograder.engine.rubric import load_rubric
 
-    impl = Path(args.impl).resolve()
-    if not impl.is_dir():
-        print(f"error: {args.impl} is not a folder; use --impl starter or your own folder", file=sys.stderr)
+    from autograder.grade import UsageError, implementation_folder
+
+    try:
+        impl = implementation_folder(args.impl).resolve()
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     rubric = load_rubric()
     if args.part is not None and args.part not in rubric.numbers:

@@ -23,6 +23,21 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 DEFAULT_REPORT = Path("build/grade-report.json")
+REPO = Path(__file__).resolve().parent.parent  # the repository this grader belongs to
+
+
+def implementation_folder(given: str, flag: str = "--impl") -> Path:
+    """The folder `given` names: a relative path is the current folder's, or else the repository's (the
+    default `starter` from another folder: `make` runs from the repository, `python -m` may not).
+    UsageError, naming where it looked and the folders that are there, when neither is a folder."""
+    path = Path(given).expanduser()
+    if path.is_dir():
+        return path
+    if not path.is_absolute() and (REPO / path).is_dir():
+        return REPO / path
+    where = "" if path.is_absolute() else f" (in {Path.cwd()}, nor in {REPO})"
+    shipped = [f"{flag} {name}" for name in ("starter", "solutions") if (REPO / name).is_dir()]
+    raise UsageError(f"{given} is not a folder{where}; use {', '.join(shipped)} or your own folder")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,9 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--show-hidden", action="store_true",
                     help="instructors: do not redact hidden-test failures in the feedback")
     args = ap.parse_args(argv)
-    impl = Path(args.impl)
-    if not impl.is_dir():
-        raise UsageError(f"{args.impl} is not a folder; use --impl starter, --impl solutions or your own folder")
+    impl = implementation_folder(args.impl)
     if args.json is not None:  # asked for: checked before grading, not after
         writable_file(args.json, "--json")
     from autograder.engine.rubric import RubricError, load_rubric

@@ -80,6 +80,24 @@ def test_grade_refuses_bad_arguments_in_one_line_before_grading(tmp_path, a_file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "build"]  # nothing written
 
 
+def test_grade_and_debug_find_the_repositorys_folders_from_any_folder(tmp_path, monkeypatch, capsys, no_grading):
+    """`python -m autograder.grade` run from another folder: the default --impl starter (and any relative
+    folder that is not there) is the repository's; a folder that is in neither place is named with
+    both places, and only the folders this copy ships are suggested."""
+    from autograder import debug
+
+    monkeypatch.chdir(tmp_path)
+    assert grade.implementation_folder("starter") == ROOT / "starter"
+    (tmp_path / "starter").mkdir()  # one of the current folder's goes first
+    assert grade.implementation_folder("starter") == Path("starter")
+    err = _one_line(grade.main, ["--impl", "nope", "--part", "1"], capsys)
+    assert f"nope is not a folder (in {tmp_path}, nor in {ROOT}); use --impl starter, --impl solutions or your " \
+           "own folder" in err, err
+    assert debug.main(["--impl", "nope"]) == 2 and "nor in" in capsys.readouterr().err
+    monkeypatch.setattr(grade, "REPO", tmp_path)  # a student release ships no solutions/
+    assert "use --impl starter or your own folder" in _one_line(grade.main, ["--impl", "nope"], capsys)
+
+
 def test_a_copy_without_the_hidden_tests_refuses_them_in_one_line(tmp_path, monkeypatch, capsys, no_grading):
     """A student release has no instructor/hidden_tests: --tests hidden or all must not show a score."""
     from autograder.engine import runner
