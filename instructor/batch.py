@@ -296,6 +296,43 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
     everyone = list_entries(submissions)  # a wrong folder is named before the machine's sandbox
     info = choose_sandbox(options, sandbox, allow_weak)
     entries = shard_of(everyone, shard)
+    created = not out.exists()
+    claim = claim_out(out)  # one batch at a time per --out: another one's files are not ours to judge
+    try:
+        return _run_claimed(submissions, out, jobs, shard, options, timeout_s, progress, everyone, entries, info,
+                            t_start)
+    except SystemExit:  # refused before anyone was graded: leave no empty --out
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        os.close(claim)
+
+
+def claim_out(out: Path) -> int:
+    """Create `out` if need be and lock it (flock on the folder, released when the returned descriptor
+    is closed or the process ends): a second batch into the same --out while one runs would mix its
+    folders with the first's, which neither run's record then accounts for. SystemExit in one line."""
+    import fcntl
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SystemExit(f"error: --out {out} cannot be used ({e.strerror or e}); choose another folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SystemExit(f"error: another batch is writing into --out {out} now; wait for it to finish, "
+                         "or choose another --out") from None
+    return fd
+
+
+def _run_claimed(submissions: Path, out: Path, jobs: int | None, shard: tuple[int, int] | None, options: Options,
+                 timeout_s: float, progress: bool, everyone: list, entries: list, info: dict,
+                 t_start: float) -> dict:
+    """run_batch once --out is this run's (claim_out)."""
     previous = previous_outputs(out)  # before anyone is graded: refuse an --out we cannot account for
     check_out_folders(out, [e.name for e in entries], previous)
     inline = jobs == 0  # grade in this process, one at a time (debugging; tests)
@@ -308,8 +345,6 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
         info["call_time_limits"] = scaled_call_timeouts(options)  # inline: seeds this process's store
         info["reference"] = check_reference(info["call_time_limits"].pop("reference"), options)
         seeds = info["call_time_limits"].pop("seeds", [])
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
     if options.sandbox is not None and options.sandbox.kind == "uid":
         os.chmod(out, out.stat().st_mode & 0o770)  # the results: closed to the sandbox's uids
     env = environment()
@@ -335,10 +370,6 @@ def run_batch(submissions: Path, out: Path, *, jobs: int | None = None, shard: t
         else:
             _grade_all(entries, work, out, jobs, options, timeout_s, progress, results, env,
                        info if calibrate and jobs > 1 else None, prepare, seeds, info["judges_replaced"])
-    except SystemExit:  # refused before anyone was graded (the judges' reference check): leave no empty --out
-        if created and not any(out.iterdir()):
-            out.rmdir()
-        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _write_summary(out, everyone, entries, results, time.perf_counter() - t_start, jobs, shard, info, env,
@@ -1206,6 +1237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = run_batch(a.submissions, a.out, jobs=a.jobs, shard=a.shard, options=options, timeout_s=a.timeout,
                         progress=not a.quiet, sandbox=a.sandbox, allow_weak=a.allow_weak_sandbox)
     print_summary(summary, a.out)
+    if not summary.get("entries_count"):  # most likely the wrong folder: say so, the empty run stands
+        print(f"warning: {a.submissions} holds no submission (a folder or a .zip per student), so "
+              "grades.csv has no rows; check the path", file=sys.stderr)
     return 0 if summary["failed_to_grade"] == 0 else 1
 
 

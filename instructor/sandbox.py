@@ -796,14 +796,21 @@ def _detect(prefer: str, _bwrap_env: str) -> Sandbox:
 def require(mode: str = "auto", allow_weak: bool = False,
             to_accept: str = "pass --allow-weak-sandbox") -> Sandbox:
     """detect(mode), failing closed: raises SandboxError (one line) unless the result isolates the
-    worker (bubblewrap or unprivileged-uid) and is the mode asked for, or allow_weak accepts the
-    rlimits-only fallback. mode "rlimits" itself needs allow_weak. to_accept: how the channel's user
-    accepts a weaker mode (named in the refusal)."""
+    worker (bubblewrap or unprivileged-uid) and is the mode asked for, or allow_weak accepts a weaker
+    one: the strongest mode this machine has (bubblewrap asked for but missing: unprivileged-uid where
+    it passes its self-test, else rlimits-only). mode "rlimits" itself needs allow_weak. to_accept: how
+    the channel's user accepts a weaker mode (named in the refusal)."""
     box = detect(mode)
     want = os.environ.get(ENV_MODE, "auto") if mode == "auto" else mode
     if box.isolating and (want in ("auto", box.kind)):
         return box
+    if want == "rlimits" and not allow_weak:
+        raise SandboxError(f"refusing to grade: sandbox mode 'rlimits' isolates nothing (resource limits and the "
+                           f"process filter only); {to_accept} to grade with it")
     if allow_weak:
+        if not box.isolating and want != "rlimits":  # the mode asked for is not here: the strongest that is
+            best = _detect("auto", os.environ.get(ENV_BWRAP, ""))
+            return best if best.isolating else box
         return box
     raise SandboxError(f"refusing to grade: sandbox mode {want!r} is not available here ({box.mode}); "
                        f"fix that, or {to_accept} to grade with resource limits only")

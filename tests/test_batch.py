@@ -770,6 +770,42 @@ def test_an_out_holding_a_student_folder_no_batch_wrote_is_refused_before_gradin
     assert sorted(p.name for p in out.rglob("*")) == ["_instructor", "ann", "keep.txt", "written.json"]
 
 
+def test_a_second_batch_into_an_out_that_a_running_batch_holds_is_refused_in_one_line(tmp_path, capsys):
+    """Two batches at once into one --out would mix their student folders, which neither run's record
+    (written.json) then accounts for: the second refuses before it grades or writes anything."""
+    from instructor.batch import claim_out
+
+    subs = tmp_path / "subs"
+    _submission(subs / "ann", {"online_softmax.py": "CORRECT"})
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from instructor.batch import claim_out; claim_out(Path(sys.argv[1])); "
+                               "print('held', flush=True); time.sleep(60)", str(out)],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"  # a batch running into out (another process)
+        err = _one_line_error([str(subs), "--out", str(out), "--sandbox", "off", "--allow-weak-sandbox"], capsys)
+        assert "another batch is writing into --out" in err and "choose another --out" in err, err
+        assert list(out.iterdir()) == []  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    os.close(claim_out(out))  # released with its holder
+    _batch(subs, out, jobs=0)
+    assert sorted(_rows(out)) == ["ann"]
+
+
+def test_an_empty_submissions_folder_grades_nobody_and_says_so(tmp_path, capsys):
+    from instructor.batch import main
+
+    subs = _mkdir(tmp_path / "subs")
+    assert main([str(subs), "--out", str(tmp_path / "out"), "--sandbox", "off", "--allow-weak-sandbox", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()  # the summary table, then the warning
+    assert err[-1:] == [f"warning: {subs} holds no submission (a folder or a .zip per student), so grades.csv has no "
+                   "rows; check the path"]
+    assert (tmp_path / "out" / "grades.csv").read_text().count("\n") == 1  # the header only
+
+
 def test_merge_refuses_to_write_a_student_folder_into_a_shard_folder(tmp_path):
     """A student named like a shard folder, merged into the shards' parent: refused before writing."""
     subs = tmp_path / "subs"

@@ -66,7 +66,7 @@ class DecodeCase:
     def id(self) -> str:
         lead = "x".join(map(str, self.lead)) or "()"
         extra = f"-scale{self.scale:g}" if self.scale is not None else ""
-        return (f"{lead}-{self.nq}x{self.nk}x{self.d}-splits{self.num_splits}-q×{self.q_mult:g}-{self.dtype}"
+        return (f"{lead}-{self.nq}x{self.nk}x{self.d}-splits{self.num_splits}-qmul{self.q_mult:g}-{self.dtype}"
                 f"{extra}-s{self.seed}")
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -78,7 +78,7 @@ def results_json(view: dict, *, notes: list[str] | None = None, output: str | No
         mine = [t for t in public if t.get("part") == p["part"]]
         weight = sum(float(t["max_score"]) for t in mine)  # ∝ the public weights: the hidden weight cancels
         got = float(p["max_points"]) * sum(float(t["score"]) for t in mine) / weight if weight else 0.0
-        most = float(p["max_points"]) if weight else 0.0
+        most = float(p["max_points"])  # (a rejected submission ran no test: 0 of the part's points)
         passed = sum(t.get("outcome") == "passed" for t in mine)
         lines.append(f"| {p['part']}. {sanitize.markdown(p['name'])} | {passed}/{len(mine)} | {_fmt(got)} / {_fmt(most)} |")
         f = p.get("first_failure") or {}

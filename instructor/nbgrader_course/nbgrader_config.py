@@ -39,7 +39,6 @@ c = get_config()  # noqa: F821 -- provided by nbgrader's config loader
 
 c.CourseDirectory.course_id = "flashattention"
 c.CourseDirectory.root = _here
-c.CourseDirectory.db_assignments = [dict(name="flashattention")]
 
 # The same stub as starter/ (instructor/make_starter.py): a region becomes `raise NotImplementedError`.
 c.ClearSolutions.code_stub = dict(python="raise NotImplementedError")
