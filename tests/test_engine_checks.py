@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.engine.checks import FLOAT64_ATOL, CheckFailure, check, check_close, unpack
+from autograder.engine.checks import FLOAT64_ATOL, CheckFailure, check, check_close, check_tensor, unpack
 
 
 def ref_and_plain(seed=0, n=200):
@@ -90,3 +90,22 @@ def test_a_lying_object_cannot_pass():
     liar = torch.zeros(3).as_subclass(Liar)
     with pytest.raises(CheckFailure, match="got a Liar"):
         check_close(liar, torch.ones(3, dtype=torch.float64), what="t")
+
+
+@pytest.mark.parametrize("value, kind, says", [
+    (None, "type", "expected a tensor of shape (2, 3), got a NoneType"),
+    ([[0.0] * 3] * 2, "type", "got a list"),
+    (torch.nn.Parameter(torch.zeros(2, 3)), "type", "got a Parameter"),
+    (torch.zeros(2, 3, dtype=torch.bool), "dtype", "dtype bool, expected float32"),
+    (torch.zeros(2, 3, dtype=torch.complex64), "dtype", "dtype complex64, expected float32"),
+    (torch.zeros(()), "shape", "shape (), expected (2, 3)"),
+    (torch.zeros(1, 2, 3), "shape", "shape (1, 2, 3), expected (2, 3)"),
+])
+def test_check_tensor_names_the_type_dtype_or_shape(value, kind, says):
+    """What a check validates before it computes with a result (a bool tensor has no abs(), a 0-d one no dim -1)."""
+    with pytest.raises(CheckFailure) as info:
+        check_tensor(value, what="o", shape=(2, 3), dtype=torch.float32)
+    assert info.value.kind == kind and says in info.value.message()
+    t = torch.zeros(2, 3)
+    assert check_tensor(t, what="o", shape=torch.Size([2, 3]), dtype=torch.float32) is t
+    assert check_tensor(t, what="o") is t  # shape and dtype are optional

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -120,6 +120,26 @@ def unpack(result: Any, n: int, *, what: str, hint: str | None = None) -> tuple:
     return tuple(result)
 
 
+def check_tensor(actual: Any, *, what: str, shape: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+                 inputs: Mapping[str, Any] | None = None, hint: str | None = None) -> torch.Tensor:
+    """`actual` as a plain torch.Tensor of `shape` and `dtype` (each where given), or a CheckFailure of kind
+    "type", "dtype" or "shape" that names what was expected and what came. Every check that does arithmetic
+    on a student's result (compares, indexes, takes abs or max) validates it with this first: a wrong
+    type, dtype or shape is the student's mistake, never an error of the grader. (check_close does.)"""
+    if type(actual) is not torch.Tensor:
+        want = f"a tensor of shape {tuple(shape)}" if shape is not None else "a tensor"
+        raise CheckFailure(what, detail=f"expected {want}, got a {_type_name(actual)}", inputs=inputs, hint=hint,
+                           kind="type")
+    if dtype is not None and actual.dtype != dtype:
+        raise CheckFailure(what, detail=f"dtype {str(actual.dtype).removeprefix('torch.')}, expected "
+                           f"{str(dtype).removeprefix('torch.')} (outputs have the input's dtype)",
+                           inputs=inputs, hint=hint, kind="dtype")
+    if shape is not None and tuple(actual.shape) != tuple(shape):
+        raise CheckFailure(what, detail=f"shape {tuple(actual.shape)}, expected {tuple(shape)}",
+                           inputs=inputs, hint=hint, kind="shape")
+    return actual
+
+
 def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
     idx = []
     for s in reversed(shape):
@@ -147,22 +167,13 @@ def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
     """
     if not isinstance(expected, torch.Tensor):
         expected = torch.tensor(expected, dtype=torch.float64)
-    if type(actual) is not torch.Tensor:
-        raise CheckFailure(what, detail=f"expected a tensor of shape {tuple(expected.shape)}, got a {_type_name(actual)}",
-                           inputs=inputs, hint=hint, kind="type")
     want_dtype = dtype or (plain.dtype if isinstance(plain, torch.Tensor) else None)
     if want_dtype is None:
         for v in (inputs or {}).values():
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 want_dtype = v.dtype
                 break
-    if want_dtype is not None and actual.dtype != want_dtype:
-        raise CheckFailure(what, detail=f"dtype {str(actual.dtype).removeprefix('torch.')}, expected "
-                           f"{str(want_dtype).removeprefix('torch.')} (outputs have the input's dtype)",
-                           inputs=inputs, hint=hint, kind="dtype")
-    if tuple(actual.shape) != tuple(expected.shape):
-        raise CheckFailure(what, detail=f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}",
-                           inputs=inputs, hint=hint, kind="shape")
+    check_tensor(actual, what=what, shape=expected.shape, dtype=want_dtype, inputs=inputs, hint=hint)
     a = actual.detach().to(torch.float64) if not actual.is_complex() else actual.detach().to(torch.complex128)
     e = expected.detach().to(a.dtype)
     if atol is None:
