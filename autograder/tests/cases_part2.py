@@ -38,7 +38,7 @@ import torch
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
-from autograder.engine.checks import CheckFailure, check, check_close, unpack
+from autograder.engine.checks import CheckFailure, check, check_close, check_tensor, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
@@ -164,11 +164,11 @@ def check_fully_masked_rows(student, case: AttnCase) -> None:
     masked = dg.fully_masked_rows(case.nq, case.nk, True)
     inputs = case.shown(q, k, v)
     rows = f"rows 0..{masked[-1]}"
-    for name, t in (("o", o), ("lse", lse)):
-        check(isinstance(t, torch.Tensor), what=f"{name} is a tensor", inputs=inputs)
-    check(tuple(o.shape) == (*case.lead, case.nq, case.d) and tuple(lse.shape) == (*case.lead, case.nq),
-          what="shapes of o (..., Nq, d) and lse (..., Nq)", detail=f"got o {tuple(o.shape)}, lse {tuple(lse.shape)}",
-          inputs=inputs)
+    # o and lse as flash_forward returns them (q's dtype, (..., Nq, dv) and (..., Nq)) before any arithmetic on them
+    check_tensor(o, what="o of flash_forward: (..., Nq, dv) in q's dtype", shape=(*q.shape[:-1], v.shape[-1]),
+                 dtype=q.dtype, inputs=inputs)
+    check_tensor(lse, what="lse of flash_forward: (..., Nq) in q's dtype", shape=q.shape[:-1], dtype=q.dtype,
+                 inputs=inputs)
     check(not bool(torch.isnan(o).any()) and not bool(torch.isnan(lse).any()),
           what="no NaN in o or lse when some rows can attend to no key",
           detail=f"o: {nonfinite_summary(o)}; lse: {nonfinite_summary(lse)}", hint=dg.HINT_NEGINF_GUARD,

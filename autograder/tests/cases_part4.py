@@ -36,7 +36,7 @@ import torch
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
-from autograder.engine.checks import check, unpack
+from autograder.engine.checks import check, check_tensor, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
@@ -109,12 +109,13 @@ def check_masked_rows_grads(student, case: AttnCase) -> None:
     rp, q, k, v, do, _, _ = replayed_backward(student, case)
     dq, dk, dv = unpack(rp.result, 3, what="flash_backward returns (dq, dk, dv)")
     inputs = case.shown(q, k, v, do=do)
-    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
-        check(type(t) is torch.Tensor, what=f"{name} is a tensor", detail=f"got {type(t).__name__}", inputs=inputs)
+    for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        # each gradient as flash_backward returns it (its input's shape, q's dtype) before any arithmetic on it
+        check_tensor(t, what=f"{name} of flash_backward: the shape of {name[1:]}, in q's dtype", shape=like.shape,
+                     dtype=q.dtype, inputs=inputs)
         check(not bool(torch.isnan(t).any()), what=f"no NaN in {name} when some rows can attend to no key (lse = -inf)",
               detail=f"{int(torch.isnan(t).sum())} NaN", hint=dg.HINT_BACKWARD_NAN, inputs=inputs)
     masked = dg.fully_masked_rows(case.nq, case.nk, True)
-    check(tuple(dq.shape) == tuple(q.shape), what="dq has q's shape", detail=f"got {tuple(dq.shape)}", inputs=inputs)
     check(bool((dq[..., masked, :] == 0).all()), what=f"dq = 0 in the fully masked rows 0..{masked[-1]}",
           detail=f"max |dq| there {dq[..., masked, :].abs().max().item():.3g}", hint=dg.HINT_BACKWARD_NAN,
           inputs=inputs)
