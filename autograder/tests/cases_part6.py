@@ -28,7 +28,7 @@ import torch
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
-from autograder.engine.checks import CheckFailure, check, check_close, unpack
+from autograder.engine.checks import CheckFailure, check, check_close, check_tensor, unpack
 from course.reference import attention_plain, attention_reference
 
 from . import diagnose as dg
@@ -104,10 +104,12 @@ def check_split(student, case: DecodeCase) -> None:
           hint=HINT_SPLITS, inputs=inputs)
     ks, vs = [s[0] for s in segs], [s[1] for s in segs]
     for name, parts, whole in (("k", ks, k), ("v", vs, v)):
-        check(all(type(t) is torch.Tensor and t.shape[:-2] == whole.shape[:-2] and t.shape[-1] == whole.shape[-1]
-                  for t in parts),
-              what=f"each {name}_seg is a tensor (..., n_s, d) with {name}'s leading dims and d",
-              detail=f"shapes {[tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in parts]}",
+        # a segment's dims before its shape is indexed (a 0-d or 1-d "segment" has no key dim), and its dtype
+        # before the segments are joined (a view of k or v has their dtype)
+        check(all(type(t) is torch.Tensor and t.dim() == whole.dim() and t.dtype == whole.dtype
+                  and t.shape[:-2] == whole.shape[:-2] and t.shape[-1] == whole.shape[-1] for t in parts),
+              what=f"each {name}_seg is a tensor (..., n_s, d) with {name}'s leading dims, d and dtype",
+              detail=f"{name} is {_shape_dtype(whole)}; segments: {', '.join(_shape_dtype(t) for t in parts)}",
               hint=HINT_SPLITS, inputs=inputs)
         joined = torch.cat(parts, dim=-2)
         covered, nk = joined.shape[-2], whole.shape[-2]
@@ -130,6 +132,12 @@ def check_split(student, case: DecodeCase) -> None:
                                                                  and vs[i].untyped_storage().data_ptr() == vp)]
     check(not copies, what="split_kv returns views sharing storage with k and v (no copies)",
           detail=f"segments {copies} do not share k's / v's storage", hint=HINT_VIEWS, inputs=inputs)
+
+
+def _shape_dtype(t: Any) -> str:
+    if type(t) is torch.Tensor:
+        return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+    return type(t).__name__
 
 
 def check_partial(student, case: DecodeCase) -> None:
@@ -219,8 +227,11 @@ def check_combine_all_empty(student, case: DecodeCase, n: int = 3) -> None:
     rp, _, _ = replay.call(student, "flash_decoding.combine_partials", (partials,), seed=None)
     o, lse = unpack(rp.result, 2, what="combine_partials returns (o, lse)")
     inputs = {"segment lengths": [0] * n, "each o_s": partials[0][0], "each lse_s": partials[0][1]}
-    check(type(o) is torch.Tensor and type(lse) is torch.Tensor, what="combine_partials returns tensors",
-          inputs=inputs)
+    # o and lse as combine_partials returns them (the partials' shapes and dtype) before any arithmetic on them
+    check_tensor(o, what="o of combine_partials: (..., Nq, dv) in the partials' dtype", shape=partials[0][0].shape,
+                 dtype=q.dtype, inputs=inputs)
+    check_tensor(lse, what="lse of combine_partials: (..., Nq) in the partials' dtype", shape=partials[0][1].shape,
+                 dtype=q.dtype, inputs=inputs)
     check(not bool(torch.isnan(o).any()) and not bool(torch.isnan(lse).any()),
           what="no NaN when every segment is empty", detail=f"o: {int(torch.isnan(o).sum())} NaN, "
           f"lse: {int(torch.isnan(lse).sum())} NaN", hint=dg.HINT_EMPTY_SEGMENT, inputs=inputs)
