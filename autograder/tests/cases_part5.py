@@ -465,9 +465,22 @@ def check_cached_logits(student, case: CacheCase) -> None:
             raise failure
         start += c
     want_lengths = [sum(sizes[: j + 1]) for j in range(len(sizes))]
-    check(lengths == want_lengths, what="cache.length after each forward_with_cache call",
-          detail=f"expected {want_lengths}, got {lengths}", hint=HINT_LENGTH)
+    what = "cache.length after each forward_with_cache call"
+    for n in lengths:
+        check_length_type(n, what=what)
+    check(lengths == want_lengths, what=what, detail=f"expected {want_lengths}, got {lengths}", hint=HINT_LENGTH)
     check_call_flops(rp, sizes, max_len, tokens.shape[0], {"tokens": tokens, "chunks": sizes, "dtype": case.dtype})
+
+
+def check_length_type(n: Any, *, what: str, inputs: dict | None = None) -> None:
+    """cache.length as KVCache promises it (`-> int`): a Python int, before it is compared (a tensor of
+    several lengths compares to a tensor, whose truth is an error; a float or a 0-d tensor equal to the
+    count is still not the int the docstring promises)."""
+    if type(n) is not int:
+        shown = f"{type(n).__name__} {n!r}" if type(n) is not torch.Tensor else \
+            f"Tensor of shape {tuple(n.shape)} and dtype {str(n.dtype).removeprefix('torch.')}"
+        raise CheckFailure(what, detail=f"cache.length must be a Python int (tokens cached in layer 0), got a "
+                           f"{shown[:120]}", hint=HINT_LENGTH, inputs=inputs, kind="type")
 
 
 def length_batches(prompts: list[list[int]]) -> list[list[int]]:
@@ -699,7 +712,9 @@ def check_cache_unit(student, case: UnitCase) -> None:
             want = torch.cat(parts, dim=2)
             check_close(got, want, what=f"{name} returned by update #{n} (layer {layer})", inputs=inputs,
                         atol=0.0, rtol=0.0, dtype=DTYPES[case.dtype], hint=HINT_UPDATE)   # a copy: exact
-        check(res["lengths"][n] == layer0, what=f"cache.length after update #{n} (layer {layer})",
+        what = f"cache.length after update #{n} (layer {layer})"
+        check_length_type(res["lengths"][n], what=what, inputs=inputs)
+        check(res["lengths"][n] == layer0, what=what,
               detail=f"expected {layer0} (tokens in layer 0), got {res['lengths'][n]}", hint=HINT_LENGTH)
     # Views, not copies, measured in the judge's replay: each layer's results share ONE storage (the
     # one its first result lives in), of at least a (B, H, max_len, d) buffer's size.
