@@ -347,6 +347,12 @@ def _dec(x: Any, env: dict[int, Any]) -> Any:
                 return getattr(torch, body)
             if tag == "$dt" and body in _DTYPES:
                 return getattr(torch, body)
+            if tag == "$dt" and type(body) is str:  # a dtype the judge has no tensors of: say which
+                raise ReplayRefused(f"the call used the dtype {body[:20]}; graded code computes with floating, integer "
+                                    f"and bool tensors only", "malformed")
+            if tag == "$unknown" and type(body) is str:  # what the recorder could not encode: say what it was
+                raise ReplayRefused(f"the call passed or returned a {body[:40]}, which is not a tensor, a number, a "
+                                    f"string, None or a list, tuple or dict of them", "malformed")
             raise ReplayRefused(f"the record holds a value the judge cannot rebuild ({str(tag)[:20]})", "malformed")
         return [_dec(i, env) for i in x]
     if type(x) is tuple:
