@@ -263,6 +263,37 @@ def test_a_numpy_function_outside_the_allow_list_is_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("store, match", [
+    (lambda x: x.astype(np.float16), "the dtype float16 cannot be used"),
+    (lambda x: x.astype(np.uint8), "the dtype uint8 cannot be used"),
+    (lambda x: x.astype(np.complex64), "the dtype complex64 cannot be used"),
+    (lambda x: x * np.longdouble(2), "a numpy float128 scalar cannot be"),
+    (lambda x: x + 2**63, "the integer 9223372036854775808 is too large"),
+    (lambda x: x.astype(np.float32, order="yes"), "the string 'yes' cannot be an operand"),
+])
+def test_an_operand_the_replay_cannot_rebuild_is_refused_where_it_is_used(store, match):
+    """An honest slip (a kernel that casts to float16, passes a stray string) is refused by the recorder at its
+    line, naming the value, in the worker: not recorded for the replay to call the program malformed."""
+    def kernel(t, X, Y):
+        i = _gid(t)
+        Y[i] = store(X[i])
+
+    with pytest.raises(gs.RecordingError, match=match) as e:
+        _tiny(kernel)
+    assert "malformed" not in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("store", [lambda x: x.astype(np.float64), lambda x: x * np.float16(2), lambda x: x + 2**40,
+                                   lambda x: x.astype(np.float32, order="C", casting="same_kind")])
+def test_the_operands_the_recorder_takes_are_rebuilt_by_the_replay(store):
+    def kernel(t, X, Y):
+        i = _gid(t)
+        Y[i] = store(X[i])
+
+    r = gs.replay(_tiny(kernel))
+    assert np.array_equal(r.buffers[0]["Y"], store(np.arange(64.0)).astype(np.float32))
+
+
 @pytest.mark.parametrize("edit, match", [
     (lambda p: p["launches"][0]["batches"][0].append(["U", "system", "__call__", [], {}, None, 999, []]), "not a numpy ufunc"),
     (lambda p: p["launches"][0]["batches"][0].append(["F", "load", ["L", []], {}, 999, []]), "not a numpy function"),

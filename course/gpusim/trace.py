@@ -66,6 +66,10 @@ MAX_WORK = 500_000_000  # elements the replay touches (matmul: out x inner); N =
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _LINE_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}:[0-9]{1,6}$")
 _DTYPES = {"<f4": np.float32, "<f8": np.float64, "<i4": np.int32, "<i8": np.int64, "|b1": np.bool_}
+# the dtypes of numpy scalars, and the strings (order=, casting= arguments), that an operand may be: the
+# recorder refuses any other at the line that uses it, since the replay would refuse the program
+_SCALAR_DTYPES = ("<f4", "<f8", "<i4", "<i8", "<f2", "<u8", "<u4", "|i1", "|u1", "<i2", "<u2")
+_STR_OPERANDS = ("C", "F", "A", "K", "same_kind", "unsafe", "safe", "equiv", "no")
 
 
 FORMAT = "gpusim-program-2"
@@ -292,9 +296,12 @@ class Recorder:
         if isinstance(x, (bool, np.bool_)):
             return ["b", bool(x)]
         if isinstance(x, (int, np.integer)):
-            return ["i", int(x), "" if type(x) is int else np.dtype(type(x)).str]
+            if abs(int(x)) > 1 << 62:
+                raise RecordingError(f"{_eng._caller()[0]}: the integer {int(x)} is too large for a graded kernel "
+                                     f"(at most 2**62 in magnitude)")
+            return ["i", int(x), self._scalar_dtype(x, int)]
         if isinstance(x, (float, np.floating)):
-            return ["f", float(x), "" if type(x) is float else np.dtype(type(x)).str]
+            return ["f", float(x), self._scalar_dtype(x, float)]
         if type(x) in (list, tuple):
             return ["L" if type(x) is list else "T", [self.ref(v) for v in x]]
         if type(x) is slice:
@@ -302,10 +309,28 @@ class Recorder:
         if x is Ellipsis:
             return ["e"]
         if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):
-            return ["d", np.dtype(x).str]
-        if type(x) is str and len(x) <= 16:
+            dt = np.dtype(x)
+            if dt.str not in _DTYPES:
+                raise RecordingError(f"{_eng._caller()[0]}: the dtype {dt} cannot be used in a graded kernel (the "
+                                     f"simulated GPU computes in float32; float64, int32, int64 and bool may be used)")
+            return ["d", dt.str]
+        if type(x) is str:
+            if x not in _STR_OPERANDS:
+                raise RecordingError(f"{_eng._caller()[0]}: the string {x[:20]!r} cannot be an operand in a graded "
+                                     f"kernel (only numpy's order= and casting= values can)")
             return ["str", x]
         raise RecordingError(f"{_eng._caller()[0]}: a {type(x).__name__} cannot be an operand in a graded kernel")
+
+    @staticmethod
+    def _scalar_dtype(x: Any, plain: type) -> str:
+        """"" for a Python int or float, else the numpy scalar's dtype, one the replay rebuilds."""
+        if type(x) is plain:
+            return ""
+        dt = np.dtype(type(x)).str
+        if dt not in _SCALAR_DTYPES:
+            raise RecordingError(f"{_eng._caller()[0]}: a numpy {np.dtype(type(x))} scalar cannot be an operand in a "
+                                 f"graded kernel")
+        return dt
 
     def _new(self, result) -> Traced:
         if isinstance(result, np.generic) or not isinstance(result, np.ndarray):
@@ -735,7 +760,7 @@ class _Replayer:
                 raise _fail("a bad scalar")
             if r[2] == "":
                 return v
-            if r[2] not in ("<f4", "<f8", "<i4", "<i8", "<f2", "<u8", "<u4", "|i1", "|u1", "<i2", "<u2"):
+            if r[2] not in _SCALAR_DTYPES:
                 raise _fail("a bad scalar dtype")
             return np.dtype(r[2]).type(v)
         if tag in ("L", "T") and len(r) == 2 and type(r[1]) is list:
@@ -752,7 +777,7 @@ class _Replayer:
             return Ellipsis
         if tag == "d" and len(r) == 2 and r[1] in _DTYPES:
             return np.dtype(r[1])
-        if tag == "str" and len(r) == 2 and type(r[1]) is str and r[1] in ("C", "F", "A", "K", "same_kind", "unsafe", "safe", "equiv", "no"):
+        if tag == "str" and len(r) == 2 and type(r[1]) is str and r[1] in _STR_OPERANDS:
             return r[1]
         raise _fail(f"an operand of an unknown kind {str(tag)[:8]!r}")
 
