@@ -31,6 +31,7 @@ import argparse
 import csv
 import hashlib
 import io
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -496,21 +497,42 @@ def scaled_call_timeouts(options: Options) -> dict:
     return {**info, "reference": score, "seeds": entries}
 
 
+def share_out(costs: dict[int, float], n: int) -> list[list[int]]:
+    """The parts ({number: cost}) shared out among n judges so that the costliest share is as cheap as
+    it can be: every assignment is tried while there are few (a course has a handful of parts: 6 parts
+    and 2 judges are 64), else the costliest part first to the judge with the least so far. The greedy
+    rule alone gives 7.8 s against 7.4 s for the best split of this kit's measured part costs."""
+    order = sorted(costs, key=lambda p: (-costs[p], p))
+    if n <= 1 or len(order) <= 1:
+        return [order] + [[] for _ in range(n - 1)] if n >= 1 else []
+    best: tuple[float, list[list[int]]] | None = None
+    if n ** len(order) <= 5000:
+        for pick in itertools.product(range(n), repeat=len(order)):
+            load = [0.0] * n
+            for p, i in zip(order, pick):
+                load[i] += costs[p]
+            if best is None or max(load) < best[0] - 1e-9:
+                best = (max(load), [[p for p, i in zip(order, pick) if i == j] for j in range(n)])
+        return best[1]
+    shares: list[list[int]] = [[] for _ in range(n)]
+    load = [0.0] * n
+    for p in order:
+        i = load.index(min(load))
+        shares[i].append(p)
+        load[i] += costs[p]
+    return shares
+
+
 def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: float) -> dict:
-    """scaled_call_timeouts, with the parts shared out among the judges (the costliest first, each to
-    the judge with the least so far), so that calibrating takes the slowest share, not the sum. Every
-    judge then gets the limits."""
+    """scaled_call_timeouts, with the parts shared out among the judges by the rubric's costs
+    (share_out), so that calibrating takes the slowest share, not the sum. Every judge then gets the
+    limits."""
     from autograder.engine.rubric import load_rubric
 
     t0 = time.perf_counter()
     rubric = load_rubric()
     numbers = options.parts or rubric.numbers
-    shares: list[list[int]] = [[] for _ in judges]
-    load = [0.0] * len(judges)
-    for n in sorted(numbers, key=lambda n: -rubric.part(n).cost):
-        i = load.index(min(load))
-        shares[i].append(n)
-        load[i] += rubric.part(n).cost
+    shares = share_out({n: rubric.part(n).cost for n in numbers}, len(judges))
     asked = [(j, share) for j, share in zip(judges, shares) if share]
     for j, share in asked:
         j.conn.send(("calibrate", sorted(share)))

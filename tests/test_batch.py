@@ -361,6 +361,19 @@ class _FakeJudge:
         return reply
 
 
+def test_share_out_gives_the_costliest_share_its_least_possible_cost():
+    from instructor.batch import share_out
+
+    costs = {1: 2.45, 2: 2.44, 3: 2.47, 4: 2.92, 5: 2.89, 6: 0.58}  # this kit's parts, measured
+    shares = share_out(costs, 2)
+    assert sorted(sum(shares, [])) == sorted(costs) and all(shares)
+    assert max(sum(costs[p] for p in s) for s in shares) == pytest.approx(7.36)  # the greedy rule: 7.81
+    assert share_out({1: 5.0, 2: 1.0}, 3) == [[1], [2], []]  # more judges than parts: some get none
+    assert share_out({1: 1.0}, 1) == [[1]]
+    many = {p: float(p) for p in range(1, 21)}  # too many to try: the greedy rule, every part once
+    assert sorted(sum(share_out(many, 4), [])) == sorted(many)
+
+
 def test_calibration_shares_the_parts_out_among_the_judges_and_sends_every_judge_the_limits():
     from autograder.engine.rubric import load_rubric
     from instructor.batch import TIMEOUT_FACTOR, TIMEOUT_FLOOR_S, _calibrate_in_judges
