@@ -589,7 +589,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                         "-p", "no:unraisableexception", "-p", "no:threadexception", "-p", "no:faulthandler",
                         "-p", "no:logging",  # log capture is set up for every test phase; no grading test logs
                         "--import-mode=importlib", "-m", markers, "-p", "no:terminal"]
-                _freeze_imports()
+                _freeze_what_lives()
                 with _pytest_env(), paused_gc():
                     code = pytest.main(args, plugins=[plugin])
                 gc.collect()
@@ -722,17 +722,16 @@ def student_view(report: dict) -> dict:
     return view
 
 
-_FROZEN = False
-
-
-def _freeze_imports() -> None:
-    """Once per judge process: keep the objects of the imports (torch's above all) out of every later
-    garbage collection, which would otherwise walk them all again and again (a replay allocates
-    hundreds of thousands of small objects)."""
-    global _FROZEN
-    if not _FROZEN:
-        gc.freeze()
-        _FROZEN = True
+def _freeze_what_lives() -> None:
+    """Before each grade: collect, then keep every object still alive out of all later collections
+    (gc.freeze): the imports (torch's, and the ~200k objects of the modules that a first grade imports
+    lazily), the judge's caches and stores. This grade's collections then walk only its own objects:
+    a batch judge's full collection took ~0.1 s, twice per submission, walking the same survivors
+    again (measured; a replay allocates hundreds of thousands of small objects, hence full collections).
+    Collected first, so that no garbage is frozen; a frozen object is still freed when its last
+    reference goes, only a cycle of them is not (the judge's long-lived state has none that dies)."""
+    gc.collect()
+    gc.freeze()
 
 
 def grade_for_student(impl_dir: str | os.PathLike, **kwargs: Any) -> tuple[dict, dict]:
