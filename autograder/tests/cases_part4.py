@@ -37,7 +37,8 @@ import torch
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import check, check_tensor, unpack
-from course.reference import attention_plain, attention_reference
+from . import remember
+from .remember import attention_plain, attention_reference  # course.reference's, remembered across grades
 
 from . import diagnose as dg
 from . import liveness
@@ -71,12 +72,8 @@ def _do(case: AttnCase) -> torch.Tensor:
 
 def reference_grads(q, k, v, do, case: AttnCase) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(float64 autograd gradients of attention_reference, autograd gradients of attention_plain in q's dtype)."""
-    out = []
-    for fn, dtype in ((attention_reference, torch.float64), (attention_plain, q.dtype)):
-        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
-        o, _ = fn(*leaves, case.causal, case.scale)
-        out.append(list(torch.autograd.grad(o, leaves, do.to(dtype))))
-    return out[0], out[1]
+    return (remember.reference_grads(q, k, v, do, case.causal, case.scale),
+            remember.reference_grads(q, k, v, do, case.causal, case.scale, str(q.dtype).removeprefix("torch.")))
 
 
 def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str, hidden: bool,
