@@ -304,7 +304,7 @@ def check_function_saves(student, case: AttnCase) -> None:
     assert 2 * legit <= nxn, f"test bug: {case.id} cannot tell saved q, k, v from a saved P"
     rp, q, k, v, do = replayed_function(student, case, via="apply")
     inputs = case.shown(q, k, v, do=do)
-    lives = liveness.Lives(rp)
+    lives = liveness.lives_of(rp)
     kept = [list(t.shape) for t in rp.kept_for_backward("backward")]
     big = [s for s in kept if math.prod(s) >= nxn]
     check(not big, what="FlashAttentionFunction keeps no tensor of Nq × Nk or more per head for backward",

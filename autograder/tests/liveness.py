@@ -85,7 +85,7 @@ class Lives:
     """The storages of a replay with their live intervals (see the module docstring)."""
 
     def __init__(self, rp: replay.Replayed) -> None:
-        self.rp = rp
+        self.env = rp.env  # not rp itself: lives_of keeps this in rp.analyses, and a cycle would outlive the test
         self.n_ops = len(rp.prepared)
         self.of_ref: dict[int, int] = {}  # ref -> data pointer of its storage
         self.storages: dict[int, Storage] = {}
@@ -121,8 +121,17 @@ class Lives:
         return self.storages.get(ptr) if ptr is not None else None
 
     def shape(self, s: Storage) -> tuple[int, ...]:
-        t = self.rp.env.get(s.example)
+        t = self.env.get(s.example)
         return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
+
+
+def lives_of(rp: replay.Replayed) -> Lives:
+    """rp's Lives, made on first use and kept with the replay (rp.analyses): a test's live_ops, pair_keys,
+    peak_score_like and kept_for_backward all read the same storages of the same finished replay."""
+    lives = rp.analyses.get("lives")
+    if lives is None:
+        lives = rp.analyses["lives"] = Lives(rp)
+    return lives
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -134,7 +143,7 @@ def live_ops(rp: replay.Replayed, lives: Lives | None = None) -> list[bool]:
     live when it writes (a new tensor, or in place) a storage that a live op reads later, or the result;
     then every storage it reads is live before it. Views move no data (they are live with their storage);
     an op that returns a Python number (.item()) feeds no tensor."""
-    lives = lives or Lives(rp)
+    lives = lives or lives_of(rp)
     live_ptrs = set(lives.result_ptrs)
     out = [False] * lives.n_ops
     of_ref = lives.of_ref
@@ -194,7 +203,7 @@ def peak_score_like(rp: replay.Replayed, sides: dict[int, int] | None = None, li
     what was written into a storage, through any view, counts for all of it)."""
     from .cases_part2 import KEY_SIDE, QUERY_SIDE, Sides
 
-    lives = lives or Lives(rp)
+    lives = lives or lives_of(rp)
     sd = Sides(rp, sides)
     sd.follow()
     both = QUERY_SIDE | KEY_SIDE
@@ -208,7 +217,7 @@ def kept_for_backward(rp: replay.Replayed, mark: str = "backward", lives: Lives 
     at = rp.marks.get(mark, [None])[0]
     if at is None:
         return []
-    lives = lives or Lives(rp)
+    lives = lives or lives_of(rp)
     return [s for ptr, s in lives.storages.items()
             if ptr not in lives.input_ptrs and s.first < at <= s.last_read
             and any(i >= at for ref in s.refs for i in rp.readers.get(ref, ()))]
@@ -919,7 +928,7 @@ def pair_keys(rp: replay.Replayed, rows: dict[int, tuple[int, int]], lives: Live
 
     rows: input ref -> (QUERY or KEY, the dim that numbers its rows), e.g. {0: (QUERY, -2), 1: (KEY, -2),
     2: (KEY, -2)} for flash_forward(q, k, v): q's rows are queries, k's and v's rows are keys."""
-    lives = lives or Lives(rp)
+    lives = lives or lives_of(rp)
     tr = _TagReplay(rp, rows, lives)
     ends: dict[int, list[int]] = {}
     live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -308,7 +308,7 @@ def column_order(rp: replay.Replayed, x_ref: int = 0, lives: liveness.Lives | No
     bound = n // 2
     if n < 4:  # two columns or three: any order is a tile of at most N/2 + 1; nothing to measure
         return Order(n, bound, 0, None, "", time.process_time() - start)
-    lives = lives or liveness.Lives(rp)
+    lives = lives or liveness.lives_of(rp)
     live = liveness.live_ops(rp, lives)
     alg = ColumnTags(n, bound)
     tr = liveness._TagReplay(rp, {x_ref: -1}, lives, alg)
