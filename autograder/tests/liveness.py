@@ -394,7 +394,7 @@ class PairTags:
     rule follows (`marked`), the combinations of two operands' tags (combine, spread, contract), reductions
     (`reduction`: a reduction op's; `reduce`: a matmul's rows or a whole tensor),
     and the tags of ops whose values depend on a whole line (sort, cumsum) or on an index tensor; `summarise`
-    a storage's tags when it is written (here: the keys its (query, key) elements span per query row)."""
+    a storage's tags when it is written (here: the keys its (query, key) elements span: a KeySpan)."""
 
     width = 2
     dtype = torch.int32
@@ -445,18 +445,41 @@ class PairTags:
         """Data moved by index tensors that are themselves tagged: the moved data's tags."""
         return out
 
-    def summarise(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Per query row, the lowest and highest key of a storage's (query, key) elements (None: none)."""
+    def summarise(self, flat: torch.Tensor) -> KeySpan | None:
+        """The keys of a storage's (query, key) elements (None: none): lowest and highest, and per query row."""
         low = flat.amin(1)  # >= 2: both fields name one row
         if int(low.max()) < 2:
             return None
-        n = self.n_rows
-        # the elements that are not (query, key) pairs go to a spare row n (no boolean indexing: 3× faster)
-        row = torch.where(low >= 2, flat[:, QUERY] - 2, n).long()
-        key = flat[:, KEY] - 2
-        lo = torch.full((n + 1,), _BIG, dtype=torch.int32).scatter_reduce_(0, row, key, "amin")[:n]
-        hi = torch.full((n + 1,), -1, dtype=torch.int32).scatter_reduce_(0, row, key, "amax")[:n]
-        return lo, hi
+        pair, key = low >= 2, flat[:, KEY]
+        first, last = int(torch.where(pair, key, _BIG).amin()), int(torch.where(pair, key, -1).amax())
+        return KeySpan(first - 2, last - 2, flat, self.n_rows)
+
+
+class KeySpan:
+    """PairTags.summarise of a storage: the lowest and highest key of its (query, key) elements, and `rows()`,
+    per query row. The rows are worked out on first use: pair_keys needs them only where the two bounds of
+    the live storages leave room for a row wider than the widest so far (a few times a call), and the tags
+    stay as summarised until the storage is written again, when _TagReplay makes a new KeySpan (which
+    pair_keys takes at that same op)."""
+
+    __slots__ = ("first", "last", "_flat", "_n", "_rows")
+
+    def __init__(self, first: int, last: int, flat: torch.Tensor, n_rows: int) -> None:
+        self.first, self.last = first, last
+        self._flat, self._n = flat, n_rows
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per query row, the lowest key (_BIG: none) and the highest (-1: none)."""
+        if self._rows is None:
+            flat, n = self._flat, self._n
+            # the elements that are not (query, key) pairs go to a spare row n (no boolean indexing: 3× faster)
+            row = torch.where(flat.amin(1) >= 2, flat[:, QUERY] - 2, n).long()
+            key = flat[:, KEY] - 2
+            lo = torch.full((n + 1,), _BIG, dtype=torch.int32).scatter_reduce_(0, row, key, "amin")[:n]
+            hi = torch.full((n + 1,), -1, dtype=torch.int32).scatter_reduce_(0, row, key, "amax")[:n]
+            self._rows, self._flat = (lo, hi), None
+        return self._rows
 
 
 def _dims(value: Any, ndim: int) -> list[int]:
@@ -500,7 +523,7 @@ class PairSpan(NamedTuple):
 class _TagReplay:
     """The tag replay (module docstring): a tag storage per storage of the replay, viewed with the strides of
     each tensor; per op, the tags of what it wrote; per storage, what the algebra summarises of it (pair_keys:
-    the keys its (query, key) elements span). `tags`: the algebra (default PairTags; `rows` is then what
+    the keys its (query, key) elements span, a KeySpan). `tags`: the algebra (default PairTags; `rows` is then what
     numbers the inputs' rows; otherwise input ref -> the algebra's spec of that input)."""
 
     def __init__(self, rp: replay.Replayed, rows: dict[int, Any], lives: Lives, tags: Any = None) -> None:
@@ -509,7 +532,7 @@ class _TagReplay:
         self.width = alg.width
         self.tags: dict[int, torch.Tensor] = {}  # data pointer -> flat (elements, width); absent: all NONE
         self.unit: dict[int, int] = {}  # data pointer -> the element size its tag storage counts in
-        self.span: dict[int, Any] = {}  # data pointer -> alg.summarise of its tags (pairs: per query row (lo, hi))
+        self.span: dict[int, Any] = {}  # data pointer -> alg.summarise of its tags (pairs: a KeySpan)
         self.written_at: dict[int, list[int]] = {}  # data pointer -> the ops that write it
         self.unfollowed = ""
         self.timed_out = False
@@ -931,7 +954,7 @@ def pair_keys(rp: replay.Replayed, rows: dict[int, tuple[int, int]], lives: Live
     lives = lives or lives_of(rp)
     tr = _TagReplay(rp, rows, lives)
     ends: dict[int, list[int]] = {}
-    live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    live: dict[int, KeySpan] = {}
     best = PairSpan(0, -1, -1, -1, -1, [])
     storages = lives.storages
     at = -1
@@ -952,15 +975,19 @@ def pair_keys(rp: replay.Replayed, rows: dict[int, tuple[int, int]], lives: Live
                 elif live.pop(ptr, None) is not None:
                     changed = True
         if changed and live:
-            los, his = zip(*live.values())
-            lo = torch.stack(los).amin(0) if len(los) > 1 else los[0]
-            hi = torch.stack(his).amax(0) if len(his) > 1 else his[0]
-            width = torch.where(hi >= 0, hi.long() - lo.long() + 1, 0)
-            keys = int(width.max())
-            if keys > best.keys:
-                row = int(width.argmax())
-                shapes = sorted((lives.shape(storages[p]) for p in live), key=lambda s: -math.prod(s))
-                best = PairSpan(keys, row, int(lo[row]), int(hi[row]), index, shapes[:4])
+            spans = live.values()
+            # no row spans more keys than all the live storages together: where those are no more than the best
+            # so far, no row can beat it (only more keys update best), and most ops end here, on two numbers each
+            if max(s.last for s in spans) - min(s.first for s in spans) + 1 > best.keys:
+                los, his = zip(*(s.rows() for s in spans))
+                lo = torch.stack(los).amin(0) if len(los) > 1 else los[0]
+                hi = torch.stack(his).amax(0) if len(his) > 1 else his[0]
+                width = torch.where(hi >= 0, hi.long() - lo.long() + 1, 0)
+                keys = int(width.max())
+                if keys > best.keys:
+                    row = int(width.argmax())
+                    shapes = sorted((lives.shape(storages[p]) for p in live), key=lambda s: -math.prod(s))
+                    best = PairSpan(keys, row, int(lo[row]), int(hi[row]), index, shapes[:4])
         for ptr in ends.pop(index, ()):
             if storages[ptr].last <= index:
                 live.pop(ptr, None)
