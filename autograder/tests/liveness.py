@@ -285,7 +285,11 @@ def _combine(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | N
         return b
     if b is None:
         return a
-    mn, mx = torch.minimum(a, b), torch.maximum(a, b)
+    return _combined(torch.minimum(a, b), torch.maximum(a, b))
+
+
+def _combined(mn: torch.Tensor, mx: torch.Tensor) -> torch.Tensor:
+    """_combine from the elementwise minimum and maximum of the two tags."""
     return torch.where((mn == 0) | (mn == mx), mx, REDUCED)
 
 
@@ -305,8 +309,13 @@ def _keeps_several(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tens
     reduced tensor is still reduced, since that is how a per-key online softmax folds each key into m, ℓ
     and acc (and P·V of a one-key segment is a mul, not a matmul): the price is that scores mixed one key
     at a time stay out of sight."""
-    out = _combine(a, b)
     if a is None or b is None:
+        return _combine(a, b)
+    mn, mx = torch.minimum(a, b), torch.maximum(a, b)
+    out = _combined(mn, mx)
+    # an id of one operand meets REDUCED in the other exactly where the smaller tag is REDUCED and the larger an
+    # id: nowhere, mostly, and then the loop below keeps nothing (one test instead of one per operand)
+    if a.numel() and b.numel() and not bool(((mn == REDUCED) & (mx >= 2)).any()):
         return out
     for t, other in ((a, b), (b, a)):
         kept = (t >= 2) & (other == REDUCED)  # where an id of t can stay: the other operand is reduced there
