@@ -50,7 +50,6 @@ from typing import Callable, Sequence
 from autograder.engine import memory, sanitize
 from autograder.grade import Parser, UsageError, positive_int, run_cli, writable_folder
 from autograder.engine.limits import Limits, check_overrides
-from autograder.engine.processes import SANDBOX_SERVERS
 from autograder.engine.reuse import PartResults
 from autograder.engine.runner import DEFAULT_HIDDEN_DIR, DEFAULT_TESTS_DIR, TEST_SETS
 from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (tests, tools)
@@ -94,7 +93,6 @@ def _judge_main(conn, slot: int, options: Options) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills us
-    SANDBOX_SERVERS.spare = True  # a judge grades many submissions: start each fork server before it is waited for
     grade = resolve(options.grader)
     env = environment()
     while True:

@@ -322,29 +322,6 @@ def test_later_submissions_share_the_servers_by_role_and_see_nothing_of_earlier_
     assert all(b.mode_used() == "bubblewrap (workers forked from a fork server inside the sandbox)" for b in boxes)
 
 
-def test_a_batch_judge_starts_the_next_shown_server_when_the_shown_one_turns_hidden(assignment, monkeypatch):
-    """A batch judge (SandboxServers.spare) starts a fresh shown server the moment the first submission's
-    shown server becomes the hidden one, so the next submission's first worker does not wait ~1.2 s for
-    torch to import. The roles hold as without it: the second submission's public worker comes from that
-    fresh server, which never forked a hidden worker; its hidden workers from the first one's server."""
-    monkeypatch.setattr(processes.SANDBOX_SERVERS, "spare", True)
-    processes.SANDBOX_SERVERS.close()  # no server of an earlier test
-    boxes = [_bubblewrap().with_uid(64096) for _ in range(2)]
-    first_report, first = _grade(assignment, "spare0", boxes[0])
-    held = dict(processes.SANDBOX_SERVERS._servers)
-    assert set(held) == {"shown", "hidden"} and held["shown"][1] is not held["hidden"][1]
-    report, second = _grade(assignment, "spare1", boxes[1])
-    assert dict(processes.SANDBOX_SERVERS._servers) == held  # no server started for the second submission
-    hidden = {first[n]["server"] for n in ("look_first_where", "look_after_where")}
-    assert hidden == {first["public_where"]["server"]}  # the first shown server became the hidden one
-    assert {second[n]["server"] for n in ("look_first_where", "look_after_where")} == hidden
-    assert second["public_where"]["server"] not in hidden and second["diagnosis_where"] == second["public_where"]
-    for r, said in ((first_report, first), (report, second)):
-        assert said["look_first"] == [] and said["look_after"] == [] and said["public_look_before"] == []
-        assert [t["outcome"] for t in r["tests"]] == ["passed", "passed", "failed", "passed"]
-    processes.SANDBOX_SERVERS.close()  # the other tests start from no spare
-
-
 def test_a_server_that_died_between_submissions_is_replaced(assignment):
     """A kept server may die between two submissions (the machine's OOM killer, say): the next
     submission's workers come from a fresh one, not directly nor from the dead one."""

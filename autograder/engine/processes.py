@@ -722,17 +722,12 @@ class SandboxServers:
     already a bit each submission chooses. A server is keyed by its sandbox (the bwrap argv): another
     sandbox, e.g. another uid, gets servers of its own. A server that failed is dropped (the next
     submission starts a fresh one), unless it failed before serving (its self-check, its start): that
-    sandbox cannot host one, and its workers are started directly from then on.
-
-    `spare` (a batch judge, which grades many submissions): when the shown server becomes the hidden
-    one, a fresh shown server is started at once, so that it imports torch while this submission's
-    hidden tests run, not when the next submission's first worker waits for it (~1.2 s each judge)."""
+    sandbox cannot host one, and its workers are started directly from then on."""
 
     def __init__(self) -> None:
         self._root: Path | None = None  # the servers' import root (engine worker code, links): one per judge
         self._servers: dict[str, tuple[str, Zygote]] = {}  # role -> (sandbox key, server)
         self._cannot: dict[str, str] = {}  # sandbox key -> why no server can serve in it
-        self.spare = False  # start the next shown server as soon as the shown one turns hidden
 
     def lib_dir(self) -> Path:
         if self._root is None or not self._root.is_dir():
@@ -764,8 +759,6 @@ class SandboxServers:
         role = "shown" if shown else "hidden"
         if role == "hidden" and "hidden" not in self._servers and "shown" in self._servers:
             self._servers["hidden"] = self._servers.pop("shown")  # it forks hidden workers from now on
-            if self.spare:  # (the start does not wait: the first spawn awaits the server's ready)
-                self._servers["shown"] = (key, Zygote.in_sandbox(limits.startup_timeout_s, argv, box, self.lib_dir()))
         if role not in self._servers:
             self._servers[role] = (key, Zygote.in_sandbox(limits.startup_timeout_s, argv, box, self.lib_dir()))
         return self._servers[role][1]
