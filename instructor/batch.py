@@ -498,8 +498,8 @@ def scaled_call_timeouts(options: Options) -> dict:
 def share_out(costs: dict[int, float], n: int) -> list[list[int]]:
     """The parts ({number: cost}) shared out among n judges so that the costliest share is as cheap as
     it can be: every assignment is tried while there are few (a course has a handful of parts: 6 parts
-    and 2 judges are 64), else the costliest part first to the judge with the least so far. The greedy
-    rule alone gives 7.8 s against 7.4 s for the best split of this kit's measured part costs."""
+    and 2 judges are 64), else the costliest part first to the judge with the least so far. With this
+    kit's part costs (rubric.toml) the greedy rule's slowest share is 7.2 s, the best split's 6.9 s."""
     order = sorted(costs, key=lambda p: (-costs[p], p))
     if n <= 1 or len(order) <= 1:
         return [order] + [[] for _ in range(n - 1)] if n >= 1 else []

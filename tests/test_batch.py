@@ -364,7 +364,7 @@ class _FakeJudge:
 def test_share_out_gives_the_costliest_share_its_least_possible_cost():
     from instructor.batch import share_out
 
-    costs = {1: 2.45, 2: 2.44, 3: 2.47, 4: 2.92, 5: 2.89, 6: 0.58}  # this kit's parts, measured
+    costs = {1: 2.45, 2: 2.44, 3: 2.47, 4: 2.92, 5: 2.89, 6: 0.58}  # this kit's parts, as measured once
     shares = share_out(costs, 2)
     assert sorted(sum(shares, [])) == sorted(costs) and all(shares)
     assert max(sum(costs[p] for p in s) for s in shares) == pytest.approx(7.36)  # the greedy rule: 7.81

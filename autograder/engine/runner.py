@@ -728,8 +728,9 @@ def _freeze_what_lives() -> None:
     lazily), the judge's caches and stores. This grade's collections then walk only its own objects:
     a batch judge's full collection took ~0.1 s, twice per submission, walking the same survivors
     again (measured; a replay allocates hundreds of thousands of small objects, hence full collections).
-    Collected first, so that no garbage is frozen; a frozen object is still freed when its last
-    reference goes, only a cycle of them is not (the judge's long-lived state has none that dies)."""
+    Collected first, so that no garbage is frozen. A frozen object is still freed when its last
+    reference goes; only a cycle of frozen objects that dies later is never collected (the judge's
+    stores hold plain data; a judge that grows past its memory bound is replaced, instructor/batch.py)."""
     gc.collect()
     gc.freeze()
 
