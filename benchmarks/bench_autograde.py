@@ -134,6 +134,7 @@ def _one_run(subs: Path, out: Path, kinds: dict, a, parts, limits: dict, scale: 
         "mix": {k: sum(v.startswith(k) for v in kinds.values()) for k in ("correct", "buggy", "hostile")},
         "call_time_limits": summary.get("call_time_limits", {"scaled": False}),
         "parts_reused": summary.get("parts_reused", 0),
+        "tests_reused": summary.get("tests_reused", 0),
         "mean_worker_starts_per_submission": round(statistics.mean(starts), 2) if starts else 0.0,
         "mean_worker_startup_s": round(statistics.mean(startup), 3) if startup else None,
         "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],

@@ -929,6 +929,8 @@ def _write_summary(out: Path, everyone: list[Entry], entries: list[Entry], resul
         # parts taken from an earlier submission of this batch with the same reached files (--no-reuse: none)
         "reuse": bool(options.reuse),
         "parts_reused": sum(len((r.timing or {}).get("reused_parts") or []) for r in rows),
+        # tests of the parts graded whose replies were a stored pass's, reply for reply (engine/transcripts.py)
+        "tests_reused": sum(int((r.timing or {}).get("reused_tests") or 0) for r in rows),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
@@ -948,6 +950,8 @@ def print_summary(summary: dict, out: Path) -> None:
               f" ({summary['submissions_per_minute']} submissions/minute)")
     t.add_row("parts reused", f"{summary.get('parts_reused', 0)} (same files as an earlier submission)"
               if summary.get("reuse") else "none (--no-reuse)")
+    if summary.get("reuse"):
+        t.add_row("tests reused", f"{summary.get('tests_reused', 0)} (the same replies as a test passed earlier)")
     replaced = summary.get("judges_replaced") or {}
     if any(replaced.values()):
         t.add_row("judges replaced", ", ".join(f"{n} ({why})" for why, n in sorted(replaced.items()) if n))

@@ -391,7 +391,7 @@ def test_calibration_shares_the_parts_out_among_the_judges_and_sends_every_judge
     assert info["scaled"] is True and info["limits_s"] == want
     assert options.limits["call_timeouts"] == want  # replacement judges are started with these options
     assert all(j.sent[-1] == ("limits", want) for j in judges)
-    assert sorted(e["row"]["part"] for e in info["seeds"]) == sorted(numbers)  # every share's results, for the store
+    assert sorted(e["row"]["part"] for e in info["seeds"] if "row" in e) == sorted(numbers)  # every share's results, for the store
 
 
 def test_calibration_that_fails_in_one_judge_scales_nothing():

@@ -1,4 +1,5 @@
-"""A part's result is reused only for byte-identical reached files and settings (engine/reuse.py).
+"""A part's result is reused only for byte-identical reached files and settings (engine/reuse.py); a
+test's pass only for the same replies, reply for reply (engine/transcripts.py).
 
 A tiny three-part assignment is written to a temp folder and graded through autograder.engine.grade
 as the real one is: part 2's file imports part 1's, part 3's stands alone.
@@ -15,6 +16,7 @@ import pytest
 
 from autograder.engine import grade
 from autograder.engine.reuse import PartResults
+from autograder.engine.transcripts import is_transcript
 from instructor.grading import Options, grade_one
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,6 +76,14 @@ def test_plus_one(student):
 def test_default_dtype(student):
     got = student.call("c.default_dtype")
     check(got == "torch.float32", what="torch's default dtype in part 3's worker", detail=f"got {got}")
+
+def test_plus_one_twice(student):
+    first, second = student.call("c.plus_one", 1), student.call("c.plus_one", 41)
+    check((first, second) == (2, 42), what="plus_one(1), then plus_one(41)", detail=f"got {first}, {second}")
+
+def test_plus_one_without_magic(student):
+    got = student.call("c.plus_one", 2)
+    check(got == 3 and "magic" not in student.source("c.py"), what="plus_one(2) with no magic in c.py")
 ''',
 }
 
@@ -145,6 +155,82 @@ def test_a_part_whose_calls_were_lost_is_never_kept(assignment, tmp_path):
     assert graded(again) == graded(first)
 
 
+def test_a_test_answered_as_a_stored_pass_is_reused_and_grades_alike(assignment, tmp_path):
+    """b.py changed (so part 2 is graded again) but returns what it returned: its test stops at its reply,
+    passed, and the report is a fresh grade's."""
+    store = PartResults()
+    first = grade(submission(tmp_path / "one"), reuse=store, **assignment)
+    assert first["total"] == 30 and first["timing"]["reused_tests"] == 0
+    other_b = B.replace("return twice(twice(n))", "return 2 * twice(n)")
+    second_dir = submission(tmp_path / "two", b=other_b)
+    second = grade(second_dir, reuse=store, **assignment)
+    assert second["timing"]["reused_parts"] == [1, 3] and second["timing"]["reused_tests"] == 1
+    assert graded(second) == graded(grade(second_dir, **assignment))
+    without = grade(second_dir, reuse=PartResults(), **assignment)  # nothing stored: graded in full
+    assert without["timing"]["reused_tests"] == 0 and graded(without) == graded(second)
+
+
+def test_a_test_is_reused_only_through_its_last_reply_and_read(assignment, tmp_path):
+    """Part 3's first call is answered as before in each submission below, then a later event differs: a
+    second call (plus_one(41) is wrong), the text of c.py (it names magic). Both tests are graded in full
+    and fail; the tests whose every event matches are reused (not the one that reads c.py, changed in both)."""
+    store = PartResults()
+    grade(submission(tmp_path / "one"), reuse=store, **assignment)
+    late_bug = C.replace("    return n + 1\n", "    return n + 1 if n < 10 else n\n")
+    magic = C + "\n# magic\n"
+    for name, c in (("late-bug", late_bug), ("magic", magic)):
+        sub = submission(tmp_path / name, c=c)
+        report = grade(sub, reuse=store, parts=[3], **assignment)
+        outcomes = {t["id"].rsplit("::", 1)[-1]: t["outcome"] for t in report["tests"]}
+        failing = "test_plus_one_twice" if name == "late-bug" else "test_plus_one_without_magic"
+        assert outcomes.pop(failing) == "failed" and set(outcomes.values()) == {"passed"}, (name, outcomes)
+        # every passing test but the one that reads c.py (its text changed in both) stopped at its last reply
+        assert report["timing"]["reused_tests"] == len(set(outcomes) - {"test_plus_one_without_magic"}), name
+        assert graded(report) == graded(grade(sub, parts=[3], **assignment))
+
+
+def test_a_failed_or_lost_test_is_never_kept(assignment, tmp_path):
+    """Only passes are kept: a correct submission after a wrong one and after a hanging one is graded in full."""
+    store = PartResults()
+    wrong = grade(submission(tmp_path / "wrong", c=C.replace("n + 1", "n + 2")), reuse=store, parts=[3], **assignment)
+    assert wrong["timing"]["reused_tests"] == 0
+    slow = submission(tmp_path / "slow", c=C.replace("    print('adding one')\n", "    while True:\n        pass\n"))
+    assert grade(slow, reuse=store, parts=[3], **assignment)["parts"][0]["points"] < 10
+    right = grade(submission(tmp_path / "right"), reuse=store, parts=[3], **assignment)
+    assert right["timing"]["reused_tests"] == 1  # test_default_dtype: passed in both earlier submissions
+    assert right["parts"][0]["points"] == 10.0
+
+
+def test_a_transcript_stops_only_in_the_body_at_the_stored_last_event():
+    from autograder.engine.errors import StudentError
+    from autograder.engine.transcripts import Reused, Transcript
+
+    stored = Transcript("t")
+    stored.add(b"ask-1", b"reply-1")
+    stored.add(b"ask-2", b"reply-2")
+    assert stored.keepable()
+    outside = Transcript("t", stored.events)  # not live: a fixture's call never stops a test
+    outside.add(b"ask-1", b"reply-1")
+    outside.add(b"ask-2", b"reply-2")
+    body = Transcript("t", stored.events)
+    body.live = True
+    body.add(b"ask-1", b"reply-1")
+    with pytest.raises(Reused):
+        body.add(b"ask-2", b"reply-2")
+    differs = Transcript("t", stored.events)
+    differs.live = True
+    differs.add(b"ask-1", b"other")  # differs at once: graded in full, whatever comes after
+    differs.add(b"ask-2", b"reply-2")
+    assert differs.expected is None
+    lost = Transcript("t")
+    lost.add(b"ask-1", b"reply-1")
+    lost.lost(StudentError("timed out", kind="timeout", target="c.plus_one"))
+    assert not lost.keepable()
+    unencodable = Transcript("t")
+    unencodable.add(None, b"")
+    assert not unencodable.keepable() and not Transcript("t").keepable()
+
+
 def test_a_worker_serves_one_part(assignment, tmp_path):
     """Part 1's file changes torch's default dtype when it is imported. Part 3 runs after it: with a
     worker of its own it never sees that (so part 3's result depends on its own files alone)."""
@@ -211,8 +297,10 @@ def test_the_reference_seeds_the_store_under_the_scaled_limits(tmp_path, monkeyp
     monkeypatch.setattr(grading, "_REUSE", PartResults())  # only what the seeding put there
     options = Options(parts=[6], test_sets=("public",))
     info = batch.scaled_call_timeouts(options)
-    assert info["scaled"] and info["reference"]["points"] == 15.0 and len(info["seeds"]) == 1
-    assert len(grading._REUSE) == 1 and grading._REUSE.take_new() == {}  # seeds are not passed on again
+    parts = [e for e in info["seeds"] if not is_transcript(e)]
+    passes = [e for e in info["seeds"] if is_transcript(e)]  # the reference's passed tests (transcripts.py)
+    assert info["scaled"] and info["reference"]["points"] == 15.0 and len(parts) == 1 and passes
+    assert len(grading._REUSE) == 1 + len(passes) and grading._REUSE.take_new() == {}  # not passed on again
     for name, source in (("same", "solutions"), ("other", "starter")):
         (tmp_path / name).mkdir()
         shutil.copy(REPO / source / "flash_decoding.py", tmp_path / name / "flash_decoding.py")

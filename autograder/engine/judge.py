@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import memory, protocol, sanitize
+from . import memory, protocol, sanitize, transcripts
 from .errors import StudentError
 from .limits import Limits
 from .paths import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT
@@ -83,6 +83,9 @@ class StudentProxy:
 
     def source(self, filename: str) -> str:
         text = self._engine.sub.present.get(filename)
+        t = self._engine.transcript
+        if t is not None and t.test_id == self.test_id:  # the text is a reply too (transcripts.py)
+            t.add(transcripts.read(filename, text, self._engine.sub.problems.get(filename)), b"")
         if text is None:
             raise StudentError(self._engine.sub.problems.get(filename, f"{filename} is missing from the submission"),
                                kind="missing", target=filename)
@@ -103,6 +106,7 @@ class Engine:
         self.worker_set: str | None = None  # the test set the current worker has served
         self.worker_part: int | None = None  # ... and the part
         self.started = time.perf_counter()  # Limits.grade_budget_s counts from here
+        self.transcript: transcripts.Transcript | None = None  # the running test's events (transcripts.py)
 
     def limits_for(self, part: int) -> Limits:
         # rubric defaults < the part's limits in the rubric < explicit overrides of grade()
@@ -110,6 +114,27 @@ class Engine:
 
     def request(self, proxy: StudentProxy, op: str, target: str, args: tuple, kwargs: dict,
                 timeout: float | None) -> Any:
+        """One call into the submission, for the test `proxy` stands for: its decoded value, or a
+        StudentError. The running test's transcript gets the event (what was asked, what came back)."""
+        t = self.transcript
+        if t is None or t.test_id != proxy.test_id:
+            return self._request(proxy, op, target, args, kwargs, timeout, None)
+        what = transcripts.asked(op, target, args, kwargs)
+        got: list[bytes] = []
+        try:
+            value = self._request(proxy, op, target, args, kwargs, timeout, got)
+        except StudentError as error:
+            t.lost(error)
+            t.add(what, transcripts.raised(error))  # raises Reused where a stored pass ends so
+            raise
+        except BaseException:
+            t.spoiled = True
+            raise
+        t.add(what, got[0] if got else b"")
+        return value
+
+    def _request(self, proxy: StudentProxy, op: str, target: str, args: tuple, kwargs: dict,
+                 timeout: float | None, got: list[bytes] | None) -> Any:
         part_rule = self.rubric.part(proxy.part)
         limits = self.limits_for(proxy.part)
         allowed = part_rule.reachable_modules()
@@ -177,6 +202,8 @@ class Engine:
                 state.lose("memory")
                 self.pool.discard(spare)
             raise error
+        if got is not None:
+            got.append(transcripts.answered(reply.get("value"), buffers))
         try:
             value = protocol.decode_value(reply.get("value"), buffers)
         except protocol.ProtocolError as e:

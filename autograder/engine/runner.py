@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 import pytest
 
 from . import cases as case_sets
-from . import deps, memory, sanitize, static
+from . import deps, memory, sanitize, static, transcripts
 from .checks import CheckFailure, one_thread
 from .errors import exception_hint
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
@@ -46,7 +46,8 @@ class GradingPlugin:
 
     def __init__(self, engine: Engine, rubric: Rubric, parts: Sequence[int], tests_dir: Path,
                  redact_sets: Iterable[str] = ("hidden",), fail_fast: bool = False,
-                 test_sets: Iterable[str] = ("public",), hidden_dir: Path | None = None) -> None:
+                 test_sets: Iterable[str] = ("public",), hidden_dir: Path | None = None,
+                 passed_tests: transcripts.PassedTests | None = None) -> None:
         self.engine, self.rubric, self.parts, self.tests_dir = engine, rubric, list(parts), tests_dir
         self.test_sets, self.hidden_dir = set(test_sets), hidden_dir
         self.redact_sets = set(redact_sets)
@@ -60,6 +61,7 @@ class GradingPlugin:
         self.pending: dict[Any, tuple[Callable[[Any], Any], int]] = {}  # diagnoses the hidden tests declare
         self.hints: dict[Any, str | None] = {}  # diagnosis key -> the hint it gave (run_diagnoses)
         self.diagnosed = False
+        self.passed_tests = passed_tests  # transcripts of passed tests to match and to keep (transcripts.py)
 
     # -- configuration and collection ------------------------------------------------------
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -140,6 +142,7 @@ class GradingPlugin:
 
     # -- memory ----------------------------------------------------------------------------
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        self.engine.transcript = None
         # Automatic collection is off while the tests run (grade(): it walked the judge's objects again
         # and again, ~1 s of a full grade); each test's cyclic garbage (tracebacks holding replays) goes here.
         gc.collect(0)
@@ -152,10 +155,30 @@ class GradingPlugin:
             self.run_diagnoses()  # before the first hidden test: see run_diagnoses
         if self.fail_fast and info is not None and info["part"] in self.failed_parts:
             pytest.skip("not run: an earlier test of this part failed (fail-fast mode)")
+        if info is not None and self.passed_tests is not None and not _is_hypothesis_test(item):
+            self.engine.transcript = transcripts.Transcript(item.nodeid, self.passed_tests.expected(item.nodeid))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        t = self.engine.transcript
+        if t is not None and t.test_id == item.nodeid:
+            t.live = True  # only the test's body may stop at a stored pass's last event
+        try:
+            return (yield)
+        finally:
+            if t is not None:
+                t.live = False
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
+        t = self.engine.transcript
+        reused = call.excinfo is not None and call.excinfo.errisinstance(transcripts.Reused)
+        if reused:  # the submission answered as a stored pass did, event for event: it passed
+            report.outcome, report.longrepr = "passed", None
+            self.passed_tests.reused.append(item.nodeid)
+        elif call.when == "call" and report.passed and t is not None and t.test_id == item.nodeid and t.keepable():
+            self.passed_tests.keep(t)
         if item.nodeid in self.by_id:
             res = self.results.setdefault(item.nodeid, {"outcome": "passed", "exc": None, "text": ""})
             if report.skipped and res["outcome"] == "passed":
@@ -214,6 +237,11 @@ def _diagnosis_key(fn: Callable[..., Any]) -> Any:
 
 def _diagnosis_name(fn: Callable[..., Any]) -> str:
     return getattr(fn.func if isinstance(fn, functools.partial) else fn, "__name__", "diagnosis")
+
+
+def _is_hypothesis_test(item: pytest.Item) -> bool:
+    """A @given test: its examples are drawn anew each run, so its transcript is never kept nor matched."""
+    return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
 
 
 def _relevant(exc: BaseException) -> BaseException:
@@ -533,7 +561,9 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
     has its own tests and reaches only its own files) and merge the reports. 1 = this process.
     reuse: a store of earlier results (engine/reuse.py): a part whose reached files and settings
     match an earlier grade's is not run again; its result is taken from the store (a batch judge
-    keeps one for its whole batch). report["timing"]["reused_parts"] lists them.
+    keeps one for its whole batch). report["timing"]["reused_parts"] lists them. The store also
+    keeps the transcripts of passed tests (engine/transcripts.py): a test whose calls get the replies
+    a stored pass got stops at its last reply, passed; report["timing"]["reused_tests"] counts them.
     """
     started = time.perf_counter()
     numbers_all = sorted(set(parts)) if parts else load_rubric(rubric).numbers
@@ -561,11 +591,13 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
         sub = prepare_submission(impl, rubric_obj.all_files(), Path(tmp))
         reused: dict[int, dict] = {}
         keys: dict[int, str] = {}
+        passed_tests = None
         if reuse is not None:
             settings = _reuse_settings(rubric_obj, tests_path, hidden_path, test_sets, redact_sets, limits,
                                        fail_fast, worker_prefix)
             keys = {n: reuse_key(rubric_obj, n, sub, settings) for n in numbers}
             reused = {n: hit for n in numbers if (hit := reuse.get(keys[n])) is not None}
+            passed_tests = transcripts.PassedTests(reuse, settings)
         all_numbers, numbers = numbers, [n for n in numbers if n not in reused]
         files = [str(p) for n in numbers for p in sorted(tests_path.glob(f"test_part{n}_*.py"))]
         refused = {}
@@ -579,7 +611,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
         engine = Engine(sub, rubric_obj, base, worker_prefix, refused, overrides=limits or {})
         bound_before = memory.bound()
         plugin = GradingPlugin(engine, rubric_obj, numbers, tests_path, redact_sets, fail_fast, test_sets,
-                               hidden_path if hidden_path.is_dir() else None)
+                               hidden_path if hidden_path.is_dir() else None, passed_tests)
         try:
             if files:
                 engine.pool.warm_up()  # torch is imported for the worker while pytest collects
@@ -612,7 +644,8 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                         "worker_startup_s": [round(s, 3) for s in stats.startup_s],
                         "in_calls_s": round(stats.call_s, 3),
                         "longest_call_s": {t: round(v, 4) for t, v in sorted(stats.longest_s.items())},
-                        "reused_parts": sorted(reused)}
+                        "reused_parts": sorted(reused),
+                        "reused_tests": len(passed_tests.reused) if passed_tests is not None else 0}
     return report
 
 

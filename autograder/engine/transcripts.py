@@ -1,0 +1,159 @@
+"""Reuse a test's pass when a submission answers the test exactly as an earlier one that passed it.
+
+A test's verdict is a function of the test (its code and parameters), the engine and its settings, and
+of what the submission gave it: the reply to each of its calls (the value, or the error the call
+raised, a lost call included) and the text of any graded file it read (`student.source`). Everything
+else the judge computes itself, deterministically: the inputs (fixed seeds), the references, the
+replays of the returned records and every rule measured on them. So once a test passed in a batch, a
+later submission whose run of that test gets the same replies, in the same order, passes it too: the
+judge can stop at its last reply and skip what follows it, the replays, the tag replay (§5.1) and the
+checks, about three quarters of a part's cost.
+
+That is finer than engine/reuse.py, which reuses a whole part when every file it reaches is
+byte-identical. It catches what file identity cannot prove:
+- a part that imports a changed file but does not run the change on its tests' inputs (part 4 imports
+  flash_forward.py; a bug in the forward pass leaves every record of flash_backward as it was);
+- the tests that a bug does not reach (a causal-only bug and the non-causal tests, a guard for fully
+  masked rows and the tests without one).
+
+How: each test run keeps a Transcript. Engine.request and StudentProxy.source add one event per call or
+read: a digest of what was asked (the call's target and arguments, encoded as they are sent) and of
+what came back (the reply's plain data and buffers as received, or the error's every field). A test
+that passed leaves its events in the store (a batch shares them among its judges, as reuse.py's part
+results). When a later run of the test reaches the stored last event with every event equal so far,
+Engine.request raises Reused instead of returning, and the plugin records the test as passed. At the
+first event that differs, the test simply goes on: it is graded in full, with the replies it got.
+
+Never kept: a test that did not pass; one with a lost call (a timeout, a crash, out of memory: these
+depend on the machine's load); one that made no call; a hypothesis test (its examples are drawn anew
+each run); a test that asked for something its digest cannot encode.
+
+What a reused pass does not redo, and why that holds:
+- the twin's inputs are drawn from a secret of each judge process (replay._TWIN_SECRET): a record that
+  computes the reference on one secret draw is taken to compute it on another;
+- the judge's own wall-clock bounds on a replay (a pass that runs out of time fails): a reused pass
+  completed in time once, on the same records.
+The store's key holds everything a verdict depends on besides the events (reuse settings: the tests'
+and engine's code, the environment, the hidden cases, the sets, the redaction, the limits) except the
+per-call time limits, which act only through the events (a call over its limit is lost).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from . import protocol
+from .errors import StudentError
+
+# kinds of StudentError that depend on the machine's load or on the judge's state, not on the code
+LOST_KINDS = frozenset({"timeout", "crash", "exit", "output", "memory", "protocol", "reply", "gave_up"})
+
+
+class Reused(BaseException):
+    """Raised in a test's body at the last event of a stored passing transcript, every event equal: the
+    test passed. A BaseException, so that no `except Exception` in a test or a check swallows it."""
+
+
+def _digest(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=32)
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.digest()
+
+
+def _plain(tree: Any, buffers: list) -> bytes:
+    """One digest of a tagged JSON tree and its buffers (protocol's format), lengths included."""
+    return _digest(json.dumps(tree, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"),
+                   *(bytes(b) for b in buffers))
+
+
+def asked(op: str, target: str, args: tuple, kwargs: dict) -> bytes | None:
+    """What a call asks: its op, target and arguments as the worker receives them. None: not encodable
+    (the call itself then fails the same way)."""
+    try:
+        tree, buffers = protocol.encode_value([list(args), kwargs])
+    except Exception:  # noqa: BLE001 -- such a call is never kept (Transcript.spoil)
+        return None
+    return _digest(op.encode(), target.encode(), _plain(tree, buffers))
+
+
+def answered(value: Any, buffers: list) -> bytes:
+    """What a call returned: the reply's plain data (as received, before decoding) and its buffers."""
+    return _digest(b"value", _plain(value, buffers))
+
+
+def raised(error: StudentError) -> bytes:
+    """What a call raised: every field of the StudentError the judge made of it."""
+    fields = [error.kind, str(error), error.target, error.function, error.where, error.detail, error.exc_type]
+    return _digest(b"error", repr(fields).encode("utf-8", "surrogatepass"))
+
+
+def read(filename: str, text: str | None, problem: str | None) -> bytes:
+    """A graded file's text as a test read it (student.source), or why it was not there."""
+    return _digest(b"source", filename.encode(), (text if text is not None else "\0" + (problem or "")).encode(
+        "utf-8", "surrogatepass"))
+
+
+def transcript_key(settings: dict, nodeid: str) -> str:
+    """The store's key of a test's transcript: the run's reuse settings, less the per-call time limits."""
+    limits = {k: v for k, v in (settings.get("limits") or {}).items() if k != "call_timeouts"}
+    blob = json.dumps({"transcript": nodeid, "settings": {**settings, "limits": limits}}, sort_keys=True,
+                      default=repr)
+    return "test:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+class Transcript:
+    """The events of one test's run (test_id: its node id), and the stored events of a pass to match."""
+
+    def __init__(self, test_id: str, expected: list[str] | None = None) -> None:
+        self.test_id = test_id
+        self.events: list[str] = []
+        self.expected = expected or None
+        self.spoiled = False  # never kept: a lost call, something not encodable, a call outside the test's body
+        self.live = False  # in the test's body (pytest's call phase): only there may it stop early
+
+    def add(self, what: bytes | None, outcome: bytes) -> None:
+        """One event. Raises Reused at the stored last event, every event equal so far."""
+        if what is None:
+            self.spoiled = True
+            self.expected = None
+            return
+        self.events.append(_digest(what, outcome).hex())
+        expected, n = self.expected, len(self.events)
+        if expected is None:
+            return
+        if n > len(expected) or self.events[-1] != expected[n - 1]:
+            self.expected = None  # it differs: graded in full from here
+        elif n == len(expected) and self.live:
+            raise Reused()
+
+    def lost(self, error: StudentError) -> None:
+        if error.kind in LOST_KINDS:
+            self.spoiled = True
+
+    def keepable(self) -> bool:
+        return bool(self.events) and not self.spoiled
+
+
+class PassedTests:
+    """The transcripts of passed tests, in a PartResults store (a batch's judges share it), for one run."""
+
+    def __init__(self, store: Any, settings: dict) -> None:
+        self.store, self.settings = store, settings
+        self.reused: list[str] = []  # node ids of the tests passed by their transcript in this run
+
+    def expected(self, nodeid: str) -> list[str] | None:
+        entry = self.store.get(transcript_key(self.settings, nodeid))
+        events = entry.get("events") if type(entry) is dict else None
+        return events if type(events) is list and all(type(e) is str for e in events) else None
+
+    def keep(self, transcript: Transcript) -> None:
+        key = transcript_key(self.settings, transcript.test_id)
+        self.store.put(key, {"test": transcript.test_id, "key": key, "events": list(transcript.events)})
+
+
+def is_transcript(entry: Any) -> bool:
+    """Whether a store entry is a test's transcript (PassedTests.keep) rather than a part's result."""
+    return type(entry) is dict and "events" in entry and type(entry.get("key")) is str
