@@ -80,3 +80,22 @@ def test_the_store_keeps_within_its_bound(monkeypatch):
     for seed in range(40):
         remember.attention_reference(*_qkv(seed), False, None)
     assert 0 < remember._size <= remember.TOTAL_BYTES and len(remember._store) < 40
+
+
+def test_keyword_arguments_and_dict_results_are_remembered_as_given():
+    """The diagnoses' variants (diagnose.forward_variants, backward_variants): keyword arguments are part of
+    the call, and a dict of results comes back as a fresh copy each time."""
+    from autograder.tests import diagnose
+
+    q, k, v = _qkv(n=12)
+    kwargs = dict(causal=True, block_q=4, block_k=4, scale=None)
+    want = diagnose.forward_variants.__wrapped__(q, k, v, **kwargs)
+    first = diagnose.forward_variants(q, k, v, **kwargs)
+    next(iter(first.values()))[0].fill_(7.0)  # a caller that writes into its result
+    second = diagnose.forward_variants(q, k, v, **kwargs)
+    assert len(remember._store) >= 1 and second.keys() == want.keys()
+    assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+               for name in want for a, b in zip(second[name], want[name]))
+    other = diagnose.forward_variants(q, k, v, **{**kwargs, "block_k": 3})  # another keyword value: another call
+    assert not all(torch.equal(other[n][0], want[n][0]) for n in want if n in other)
+    assert remember._key("f", (1,), {"b": 2}) != remember._key("f", (1, "b", 2), {})

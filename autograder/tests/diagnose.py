@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from autograder.engine.checks import join_hints
-from .remember import attention_reference  # course.reference's, remembered across grades
+from .remember import attention_reference, remembered  # course.reference's, remembered across grades
 
 from . import probes as pb
 
@@ -293,6 +293,7 @@ def no_rescale_forward(q, k, v, *, causal, block_k, scale, missing: str):
     return acc / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1), m + torch.log(l)
 
 
+@remembered  # a pure function of the case's inputs: the same for every submission a judge grades
 def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, tuple[torch.Tensor, torch.Tensor, str]]:
     """name -> (o, lse, hint) of each known buggy forward on these inputs (float64)."""
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -477,6 +478,7 @@ def masked_backward(q, k, v, o, lse, do, allowed: torch.Tensor, scale: float | N
     return dq, dk, p_v.transpose(-1, -2) @ do
 
 
+@remembered  # a pure function of the case's inputs: the same for every submission a judge grades
 def backward_variants(q, k, v, o, lse, do, *, causal, block_q, block_k, scale):
     """name -> ((dq, dk, dv), hint) of each known buggy backward on these inputs (float64)."""
     nq, nk = q.shape[-2], k.shape[-2]

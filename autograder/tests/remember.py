@@ -25,11 +25,11 @@ _store: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
 _size = 0
 
 
-def _key(name: str, args: tuple) -> bytes | None:
+def _key(name: str, args: tuple, kwargs: dict) -> bytes | None:
     """A digest of the call, or None when it must not be remembered (a tensor that requires grad, or
     an argument that is neither a tensor nor a plain value)."""
     h = hashlib.blake2b(name.encode(), digest_size=20)
-    for a in args:
+    for a in (*args, *(x for item in sorted(kwargs.items()) for x in item)):
         if isinstance(a, torch.Tensor):
             if a.requires_grad or a.device.type != "cpu":
                 return None
@@ -40,6 +40,8 @@ def _key(name: str, args: tuple) -> bytes | None:
             h.update(f"P{type(a).__name__}:{a!r}".encode())
         else:
             return None
+    if kwargs:
+        h.update(f"K{len(args)}".encode())  # where the keywords start: f(a, b=x) is not f(a, x, "b")
     return h.digest()
 
 
@@ -48,6 +50,8 @@ def _copy(x: Any) -> Any:
         return x.detach().clone()
     if type(x) in (tuple, list):
         return type(x)(_copy(i) for i in x)
+    if type(x) is dict:
+        return {k: _copy(v) for k, v in x.items()}
     return x
 
 
@@ -56,25 +60,27 @@ def _nbytes(x: Any) -> int:
         return x.numel() * x.element_size()
     if type(x) in (tuple, list):
         return sum(_nbytes(i) for i in x)
+    if type(x) is dict:
+        return sum(_nbytes(i) for i in x.values())
     return 0
 
 
 def remembered(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn (positional arguments: tensors and plain values; result: tensors, or tuples or lists of them),
-    computed once per distinct call in this process."""
+    """fn (arguments: tensors and plain values; result: tensors and plain values in tuples, lists and
+    dicts), computed once per distinct call in this process."""
     name = f"{fn.__module__}.{fn.__qualname__}"
 
     @functools.wraps(fn)
-    def wrapper(*args: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         global _size
-        key = _key(name, args)
+        key = _key(name, args, kwargs)
         if key is None:
-            return fn(*args)
+            return fn(*args, **kwargs)
         hit = _store.get(key)
         if hit is not None:
             _store.move_to_end(key)
             return _copy(hit[0])
-        result = fn(*args)
+        result = fn(*args, **kwargs)
         kept, n = _copy(result), _nbytes(result)
         if n <= TOTAL_BYTES // 16:
             _store[key] = (kept, n)
