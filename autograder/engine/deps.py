@@ -9,16 +9,22 @@ cannot change P's results: the tests are deterministic and the same code runs in
 from __future__ import annotations
 
 import ast
+import functools
 
 from .rubric import Rubric
 
 
 def relative_imports(source: str, graded: set[str]) -> set[str]:
     """Graded module names imported by `source` (from .x import ..., from . import x, import_module)."""
+    return set(_relative_imports(source, frozenset(graded)))
+
+
+@functools.lru_cache(maxsize=32)  # a grade parses each file once per part reaching it (at most 32 MiB kept)
+def _relative_imports(source: str, graded: frozenset[str]) -> frozenset[str]:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
-        return set()
+        return frozenset()
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level >= 1:
@@ -31,7 +37,7 @@ def relative_imports(source: str, graded: set[str]) -> set[str]:
             name = node.value.lstrip(".")
             if name in graded:
                 found.add(name)
-    return found & graded
+    return frozenset(found & graded)
 
 
 def reach(rubric: Rubric, part: int, sources: dict[str, str]) -> set[str]:
