@@ -11,9 +11,10 @@ are the rubric's (20 s per call, ...), as in a real batch. Four runs, on the sam
             workers forked from a fork server: the judge's in the uid mode, one inside the
             submission's sandbox under bubblewrap; a part whose reached files an earlier submission
             of the batch, or the reference graded to calibrate, had too takes that result, whichever
-            judge graded it: engine/reuse.py);
+            judge graded it: engine/reuse.py; a test whose calls get a stored pass's replies stops
+            there, passed: engine/transcripts.py, counted as tests_reused);
 - clean:    the same without the hostile quarter;
-- no_reuse: `after` with every part of every submission graded (--no-reuse): what the mix costs
+- no_reuse: `after` with every part and test of every submission graded (--no-reuse): what the mix costs
             when no two submissions share a file (the mix's copies of solutions/ and of the starter
             favour reuse: 10 identical correct submissions, 20 that differ from them in one file);
 - before:   fixed 20 s call limits, every sandboxed worker started afresh (imports torch), one

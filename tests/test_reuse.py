@@ -285,6 +285,7 @@ def test_a_batch_counts_its_reused_parts_and_grades_alike_without_them(tmp_path)
         summaries[reuse] = run_batch(subs, tmp_path / f"out-{reuse}", jobs=0, options=options, progress=False,
                                      sandbox="auto")  # the sandbox a batch would use here
     assert summaries[True]["parts_reused"] >= 1 and summaries[False]["parts_reused"] == 0
+    assert summaries[False]["tests_reused"] == 0  # --no-reuse: no test's pass either
     assert (tmp_path / "out-True" / "grades.csv").read_bytes() == (tmp_path / "out-False" / "grades.csv").read_bytes()
 
 
