@@ -130,6 +130,8 @@ class Engine:
         except BaseException:
             t.spoiled = True
             raise
+        if not got:  # (every reply the judge decodes has its digest; none: never kept, never matched)
+            t.spoiled, what = True, None
         t.add(what, got[0] if got else b"")
         return value
 
