@@ -201,7 +201,7 @@ def test_a_failed_or_lost_test_is_never_kept(assignment, tmp_path):
     assert right["parts"][0]["points"] == 10.0
 
 
-def test_a_transcript_stops_only_in_the_body_at_the_stored_last_event():
+def test_a_transcript_stops_only_in_the_body_at_a_stored_pass():
     from autograder.engine.errors import StudentError
     from autograder.engine.transcripts import Reused, Transcript
 
@@ -209,26 +209,56 @@ def test_a_transcript_stops_only_in_the_body_at_the_stored_last_event():
     stored.add(b"ask-1", b"reply-1")
     stored.add(b"ask-2", b"reply-2")
     assert stored.keepable()
-    outside = Transcript("t", stored.events)  # not live: a fixture's call never stops a test
+    passes = {stored.chain}
+    outside = Transcript("t", passes.__contains__)  # not live: a fixture's call never stops a test
     outside.add(b"ask-1", b"reply-1")
     outside.add(b"ask-2", b"reply-2")
-    body = Transcript("t", stored.events)
+    body = Transcript("t", passes.__contains__)
     body.live = True
-    body.add(b"ask-1", b"reply-1")
+    body.add(b"ask-1", b"reply-1")  # a prefix of the pass: goes on
     with pytest.raises(Reused):
         body.add(b"ask-2", b"reply-2")
-    differs = Transcript("t", stored.events)
+    differs = Transcript("t", passes.__contains__)
     differs.live = True
     differs.add(b"ask-1", b"other")  # differs at once: graded in full, whatever comes after
     differs.add(b"ask-2", b"reply-2")
-    assert differs.expected is None
-    lost = Transcript("t")
+    other_test = Transcript("u", passes.__contains__)  # the same events in another test: another chain
+    other_test.live = True
+    other_test.add(b"ask-1", b"reply-1")
+    other_test.add(b"ask-2", b"reply-2")
+    lost = Transcript("t", passes.__contains__)
+    lost.live = True
+    lost.add(None, b"")  # an event it could not digest: never matched afterwards
     lost.add(b"ask-1", b"reply-1")
-    lost.lost(StudentError("timed out", kind="timeout", target="c.plus_one"))
+    lost.add(b"ask-2", b"reply-2")
     assert not lost.keepable()
-    unencodable = Transcript("t")
-    unencodable.add(None, b"")
-    assert not unencodable.keepable() and not Transcript("t").keepable()
+    timed_out = Transcript("t")
+    timed_out.add(b"ask-1", b"reply-1")
+    timed_out.lost(StudentError("timed out", kind="timeout", target="c.plus_one"))
+    assert not timed_out.keepable() and not Transcript("t").keepable()
+
+
+def test_two_different_passes_of_a_test_are_both_kept(assignment, tmp_path):
+    """twice(n) may return 2n as an int or as a float (the test accepts both): the replies differ, so
+    each kind of pass is kept on its own, and a later submission answering either way is reused."""
+    store = PartResults()
+    runs = {}
+    for name, a in (("int", A), ("float", "def twice(n):\n    return float(2 * n)\n"),
+                    ("float-again", "def twice(n):\n    return 2.0 * n\n"), ("int-again", "def twice(n):\n    return n + n\n")):
+        sub = submission(tmp_path / name, a=a)
+        runs[name] = grade(sub, reuse=store, parts=[1], **assignment)
+        assert runs[name]["total"] == 10 and graded(runs[name]) == graded(grade(sub, parts=[1], **assignment))
+    assert [runs[n]["timing"]["reused_tests"] for n in runs] == [0, 0, 2, 2]
+
+
+def test_a_reused_test_shows_the_output_of_its_own_calls(assignment, tmp_path):
+    store = PartResults()
+    grade(submission(tmp_path / "one"), reuse=store, parts=[3], **assignment)
+    noisy = submission(tmp_path / "noisy", c=C.replace("print('adding one')", "print('plus one')"))
+    report = grade(noisy, reuse=store, parts=[3], **assignment)
+    assert report["timing"]["reused_tests"] == 3  # all but the test that reads c.py (its text changed)
+    assert "plus one" in json.dumps(report["tests"]) and "adding one" not in json.dumps(report["tests"])
+    assert graded(report) == graded(grade(noisy, parts=[3], **assignment))
 
 
 def test_a_worker_serves_one_part(assignment, tmp_path):

@@ -156,7 +156,7 @@ class GradingPlugin:
         if self.fail_fast and info is not None and info["part"] in self.failed_parts:
             pytest.skip("not run: an earlier test of this part failed (fail-fast mode)")
         if info is not None and self.passed_tests is not None and not _is_hypothesis_test(item):
-            self.engine.transcript = transcripts.Transcript(item.nodeid, self.passed_tests.expected(item.nodeid))
+            self.engine.transcript = self.passed_tests.transcript(item.nodeid)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):

@@ -18,11 +18,12 @@ byte-identical. It catches what file identity cannot prove:
 
 How: each test run keeps a Transcript. Engine.request and StudentProxy.source add one event per call or
 read: a digest of what was asked (the call's target and arguments, encoded as they are sent) and of
-what came back (the reply's plain data and buffers as received, or the error's every field). A test
-that passed leaves its events in the store (a batch shares them among its judges, as reuse.py's part
-results). When a later run of the test reaches the stored last event with every event equal so far,
-Engine.request raises Reused instead of returning, and the plugin records the test as passed. At the
-first event that differs, the test simply goes on: it is graded in full, with the replies it got.
+what came back (the reply's plain data and buffers as received, or the error's every field), chained
+with the node id and the events before it. A test that passed leaves its chain in the store (one entry
+per pass: several different passes of a test, the reference's and a variant's, stand side by side; a
+batch shares them among its judges, as reuse.py's part results). When a later run of a test reaches a
+chain the store holds, Engine.request raises Reused instead of returning, and the plugin records the
+test as passed. Otherwise the test simply goes on: it is graded in full, with the replies it got.
 
 Never kept: a test that did not pass; one with a lost call (a timeout, a crash, out of memory: these
 depend on the machine's load); one that made no call; a hypothesis test (its examples are drawn anew
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Callable
 
 from . import protocol
 from .errors import StudentError
@@ -96,37 +97,35 @@ def read(filename: str, text: str | None, problem: str | None) -> bytes:
         "utf-8", "surrogatepass"))
 
 
-def transcript_key(settings: dict, nodeid: str) -> str:
-    """The store's key of a test's transcript: the run's reuse settings, less the per-call time limits."""
+def settings_digest(settings: dict) -> str:
+    """What every transcript key of a run holds besides the events: the run's reuse settings, less the
+    per-call time limits."""
     limits = {k: v for k, v in (settings.get("limits") or {}).items() if k != "call_timeouts"}
-    blob = json.dumps({"transcript": nodeid, "settings": {**settings, "limits": limits}}, sort_keys=True,
-                      default=repr)
-    return "test:" + hashlib.sha256(blob.encode()).hexdigest()
+    blob = json.dumps({**settings, "limits": limits}, sort_keys=True, default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 class Transcript:
-    """The events of one test's run (test_id: its node id), and the stored events of a pass to match."""
+    """The events of one test's run (test_id: its node id), as a chain of digests: after each event, the
+    digest of the node id and every event so far. `passed(chain)` says whether a pass with exactly these
+    events is stored: then the test stops there (in its body)."""
 
-    def __init__(self, test_id: str, expected: list[str] | None = None) -> None:
+    def __init__(self, test_id: str, passed: Callable[[str], bool] | None = None) -> None:
         self.test_id = test_id
-        self.events: list[str] = []
-        self.expected = expected or None
-        self.spoiled = False  # never kept: a lost call, something not encodable, a call outside the test's body
+        self.chain = _digest(b"test", test_id.encode("utf-8", "surrogatepass")).hex()
+        self.events = 0
+        self.passed = passed
+        self.spoiled = False  # never kept nor matched: a lost call, an event it could not digest
         self.live = False  # in the test's body (pytest's call phase): only there may it stop early
 
     def add(self, what: bytes | None, outcome: bytes) -> None:
-        """One event. Raises Reused at the stored last event, every event equal so far."""
+        """One event. Raises Reused where a stored pass has exactly the events so far."""
         if what is None:
             self.spoiled = True
-            self.expected = None
             return
-        self.events.append(_digest(what, outcome).hex())
-        expected, n = self.expected, len(self.events)
-        if expected is None:
-            return
-        if n > len(expected) or self.events[-1] != expected[n - 1]:
-            self.expected = None  # it differs: graded in full from here
-        elif n == len(expected) and self.live:
+        self.chain = _digest(bytes.fromhex(self.chain), what, outcome).hex()
+        self.events += 1
+        if self.live and not self.spoiled and self.passed is not None and self.passed(self.chain):
             raise Reused()
 
     def lost(self, error: StudentError) -> None:
@@ -134,26 +133,32 @@ class Transcript:
             self.spoiled = True
 
     def keepable(self) -> bool:
-        return bool(self.events) and not self.spoiled
+        return self.events > 0 and not self.spoiled
 
 
 class PassedTests:
-    """The transcripts of passed tests, in a PartResults store (a batch's judges share it), for one run."""
+    """The passes of tests, in a PartResults store (a batch's judges share it), for one run: one entry per
+    pass, keyed by the run's settings and the pass's chain of events, so that several different passes of
+    a test (the reference's, a variant's) are kept side by side."""
 
     def __init__(self, store: Any, settings: dict) -> None:
-        self.store, self.settings = store, settings
+        self.store, self.settings = store, settings_digest(settings)
         self.reused: list[str] = []  # node ids of the tests passed by their transcript in this run
 
-    def expected(self, nodeid: str) -> list[str] | None:
-        entry = self.store.get(transcript_key(self.settings, nodeid))
-        events = entry.get("events") if type(entry) is dict else None
-        return events if type(events) is list and all(type(e) is str for e in events) else None
+    def key(self, chain: str) -> str:
+        return "test:" + hashlib.sha256(f"{self.settings}:{chain}".encode()).hexdigest()
+
+    def has(self, chain: str) -> bool:
+        return self.store.get(self.key(chain)) is not None
+
+    def transcript(self, nodeid: str) -> Transcript:
+        return Transcript(nodeid, self.has)
 
     def keep(self, transcript: Transcript) -> None:
-        key = transcript_key(self.settings, transcript.test_id)
-        self.store.put(key, {"test": transcript.test_id, "key": key, "events": list(transcript.events)})
+        key = self.key(transcript.chain)
+        self.store.put(key, {"test": transcript.test_id, "key": key, "events": transcript.events})
 
 
 def is_transcript(entry: Any) -> bool:
     """Whether a store entry is a test's transcript (PassedTests.keep) rather than a part's result."""
-    return type(entry) is dict and "events" in entry and type(entry.get("key")) is str
+    return type(entry) is dict and "events" in entry and str(entry.get("key", "")).startswith("test:")
