@@ -374,3 +374,54 @@ def test_judges_share_what_they_graded(tmp_path):
             j.send_quietly(None)
             j.proc.join(30)
             j.kill()
+
+
+def test_a_verdict_read_from_a_cache_is_never_reused(tmp_path):
+    """A test whose verdict comes from a measurement cached by the submission's text (cases_part1.stream_order
+    keeps one per online_softmax.py) reads what another call made: it says so (student.shares_state) and its
+    pass is never reused; a test of the same part that reads only its own replies is."""
+    root = tmp_path / "assignment"
+    (root / "tests").mkdir(parents=True)
+    (root / "rubric.toml").write_text(textwrap.dedent("""
+        [[part]]
+        number = 1
+        name = "A"
+        points = 10
+        marker = "part1"
+        files = ["a.py", "c.py"]
+        """))
+    (root / "tests" / "test_part1_a.py").write_text(textwrap.dedent('''
+        import hashlib
+        import pytest
+        from autograder.engine import check
+        pytestmark = pytest.mark.part1
+        _MEASURED = {}
+
+        def measured(student):
+            key = hashlib.sha256(student.source("a.py").encode()).hexdigest()
+            if key in _MEASURED:
+                student.shares_state()
+            else:
+                _MEASURED[key] = student.call("a.order", 99)
+            return _MEASURED[key]
+
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_twice_in_one_pass(student, n):
+            check(student.call("a.twice", n) == 2 * n and measured(student) == "one pass", what="twice(n), one pass")
+
+        def test_twice_alone(student):
+            check(student.call("a.twice", 5) == 10, what="twice(5)")
+        '''))
+    assignment = {"rubric": root / "rubric.toml", "tests_dir": root / "tests", "hidden_dir": root / "no-hidden"}
+    a = "def twice(n):\n    return 2 * n\n\ndef order(n):\n    return 'one pass'\n"
+    store = PartResults()
+    for name, c in (("one", "x = 1\n"), ("two", "x = 2\n")):  # c.py differs: the part is graded each time
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.py").write_text(a)
+        (tmp_path / name / "c.py").write_text(c)
+    first = grade(tmp_path / "one", reuse=store, **assignment)
+    second = grade(tmp_path / "two", reuse=store, **assignment)
+    assert first["total"] == second["total"] == 10
+    # reused: test_twice_alone, and the first case, whose own events hold the measuring call (the module is
+    # imported afresh for each grade of a tests folder outside the package); not the second, which read the cache
+    assert second["timing"]["reused_parts"] == [] and second["timing"]["reused_tests"] == 2

@@ -32,11 +32,21 @@ each run); a test that asked for something its digest cannot encode.
 What a reused pass does not redo, and why that holds:
 - the twin's inputs are drawn from a secret of each judge process (replay._TWIN_SECRET): a record that
   computes the reference on one secret draw is taken to compute it on another;
-- the judge's own wall-clock bounds on a replay (a pass that runs out of time fails): a reused pass
-  completed in time once, on the same records.
+- the judge's own bounds on a replay, its wall clock and its memory (memory.over_bound, which depends on
+  what the judge process holds): a reused pass ran within them once, on the same records.
 The store's key holds everything a verdict depends on besides the events (reuse settings: the tests'
 and engine's code, the environment, the hidden cases, the sets, the redaction, the limits) except the
-per-call time limits, which act only through the events (a call over its limit is lost).
+per-call time limits, which act only through the events (a call over its limit is lost). A test whose
+verdict reads what another test or an earlier grade measured (a cache keyed by the submission's text)
+says so (StudentProxy.shares_state) and is never kept nor matched.
+
+What a submission can learn from it: a reused test ends sooner, so code that times the gaps between its
+calls learns whether its replies so far were exactly those of a pass stored in this batch (the
+reference's, or another submission's); in a public test it can print that. It learns nothing of the
+hidden inputs (its hidden workers never reach a shown one: processes.SandboxServers), and every test it
+passes this way got, reply for reply, what a full grade verified; a submission that answers differently
+when it finds itself reused gets the grade of the replies it gave, as one that reads the clock or the
+machine's load does.
 """
 from __future__ import annotations
 
@@ -86,8 +96,10 @@ def answered(value: Any, buffers: list) -> bytes:
 
 
 def raised(error: StudentError) -> bytes:
-    """What a call raised: every field of the StudentError the judge made of it."""
-    fields = [error.kind, str(error), error.target, error.function, error.where, error.detail, error.exc_type]
+    """What a call raised: the StudentError the judge made of it, but its `detail` (the traceback, whose
+    paths name each grade's and each worker's own folders): no verdict reads it (a test that expects an
+    error reads its kind, type and message), and with it an expected error would never match."""
+    fields = [error.kind, str(error), error.target, error.function, error.where, error.exc_type]
     return _digest(b"error", repr(fields).encode("utf-8", "surrogatepass"))
 
 
@@ -132,6 +144,11 @@ class Transcript:
         if error.kind in LOST_KINDS:
             self.spoiled = True
 
+    def spoil(self) -> None:
+        """Never keep nor match this run: its verdict reads something its events do not hold (a call
+        another test made, a measurement an earlier grade cached: StudentProxy.shares_state)."""
+        self.spoiled = True
+
     def keepable(self) -> bool:
         return self.events > 0 and not self.spoiled
 
@@ -156,7 +173,7 @@ class PassedTests:
 
     def keep(self, transcript: Transcript) -> None:
         key = self.key(transcript.chain)
-        self.store.put(key, {"test": transcript.test_id, "key": key, "events": transcript.events})
+        self.store.put(key, {"key": key, "events": transcript.events})
 
 
 def is_transcript(entry: Any) -> bool:
