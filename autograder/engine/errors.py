@@ -4,6 +4,11 @@ from __future__ import annotations
 from . import sanitize
 
 
+# kinds of StudentError that depend on the machine's load or on the judge's state, not on the code alone: a part
+# or a test with one is never reused (engine/reuse.py, engine/transcripts.py)
+LOST_KINDS = frozenset({"timeout", "crash", "exit", "output", "memory", "protocol", "reply", "gave_up"})
+
+
 class StudentError(Exception):
     """A call into student code did not return plain data. str() is one line for the feedback.
 

@@ -27,7 +27,7 @@ import pytest
 from . import cases as case_sets
 from . import deps, memory, sanitize, static, transcripts
 from .checks import CheckFailure, one_thread
-from .errors import exception_hint
+from .errors import LOST_KINDS, exception_hint
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
     prepare_submission
 from .reuse import PartResults, part_key
@@ -689,9 +689,6 @@ def reuse_key(rubric: Rubric, part: int, sub: Any, settings: dict) -> str:
     return part_key(part, reached, {**settings, "part_rule": repr(rubric.part(part))})
 
 
-_LOST_KINDS = {"timeout", "crash", "exit", "output", "memory", "protocol", "reply", "gave_up"}
-
-
 def _reusable(report: dict, n: int, engine: Engine, plugin: GradingPlugin) -> bool:
     """Whether part n's result may serve a later submission: no error in the run, none of its tests
     could not run, no call of it was lost and none gave up (all of which depend on the machine)."""
@@ -705,7 +702,7 @@ def _reusable(report: dict, n: int, engine: Engine, plugin: GradingPlugin) -> bo
     for info in plugin.items:
         if info["part"] == n:
             exc = plugin.results.get(info["nodeid"], {}).get("exc")
-            if isinstance(exc, StudentError) and exc.kind in _LOST_KINDS:
+            if isinstance(exc, StudentError) and exc.kind in LOST_KINDS:
                 return False
     return True
 

@@ -18,7 +18,7 @@ byte-identical. It catches what file identity cannot prove:
 
 How: each test run keeps a Transcript. Engine.request and StudentProxy.source add one event per call or
 read: a digest of what was asked (the call's target and arguments, encoded as they are sent) and of
-what came back (the reply's plain data and buffers as received, or the error's every field), chained
+what came back (the reply's plain data and buffers as received, or the error's fields), chained
 with the node id and the events before it. A test that passed leaves its chain in the store (one entry
 per pass: several different passes of a test, the reference's and a variant's, stand side by side; a
 batch shares them among its judges, as reuse.py's part results). When a later run of a test reaches a
@@ -55,15 +55,12 @@ import json
 from typing import Any, Callable
 
 from . import protocol
-from .errors import StudentError
-
-# kinds of StudentError that depend on the machine's load or on the judge's state, not on the code
-LOST_KINDS = frozenset({"timeout", "crash", "exit", "output", "memory", "protocol", "reply", "gave_up"})
+from .errors import LOST_KINDS, StudentError
 
 
 class Reused(BaseException):
-    """Raised in a test's body at the last event of a stored passing transcript, every event equal: the
-    test passed. A BaseException, so that no `except Exception` in a test or a check swallows it."""
+    """Raised in a test's body where its chain of events reaches a stored pass's: the test passed. A
+    BaseException, so that no `except Exception` in a test or a check swallows it."""
 
 
 def _digest(*parts: bytes) -> bytes:
