@@ -138,10 +138,10 @@ class Engine:
             t.add(what, transcripts.raised(error))  # raises Reused where a stored pass ends so
             raise
         except BaseException:
-            t.spoiled = True
+            t.spoil()
             raise
         if not got:  # (every reply the judge decodes has its digest; none: never kept, never matched)
-            t.spoiled, what = True, None
+            t.spoil()
         t.add(what, got[0] if got else b"")
         return value
 

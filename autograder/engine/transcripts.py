@@ -143,7 +143,8 @@ class Transcript:
 
     def spoil(self) -> None:
         """Never keep nor match this run: its verdict reads something its events do not hold (a call
-        another test made, a measurement an earlier grade cached: StudentProxy.shares_state)."""
+        another test made, a measurement an earlier grade cached: StudentProxy.shares_state; a reply
+        without its digest; an exception of the judge's own in a call)."""
         self.spoiled = True
 
     def keepable(self) -> bool:
