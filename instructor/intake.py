@@ -10,7 +10,8 @@ Rejected, each with a one-line reason shown in the student's feedback:
 - a path that escapes the submission (absolute, or with `..`: a "zip slip");
 - a symbolic or hard link, a device, a fifo (for a directory) or a link entry (for a zip);
 - a graded file over `max_file_bytes`, not UTF-8 (a PEP 263 coding cookie other than utf-8
-  included: the worker would decode the file by it; UTF-16 and UTF-32 are named as such), with NUL
+  included: the worker would decode the file by it, and the compiler's reading decides, so the bytes
+  must compile to the code their UTF-8 text does; UTF-16 and UTF-32 are named as such), with NUL
   bytes, or not valid Python;
 - a graded file that is ambiguous: a zip holding two members that name the same path (after
   '\\' -> '/', './' and '//' are normalised), or two folders with the graded files alike;
@@ -21,7 +22,8 @@ Rejected, each with a one-line reason shown in the student's feedback:
 traceback, never one of the instructor's paths).
 The graded files are taken from the folder holding most of them; one that is not there but is
 exactly once elsewhere is taken from there (a note says where), one that is elsewhere several times
-is rejected as ambiguous. `take(wanted=files_for_parts(parts))` takes and names only the files of
+is rejected as ambiguous. A rejected copy stands where it is (it counts in choosing the folder; no
+other copy is graded in its place). `take(wanted=files_for_parts(parts))` takes and names only the files of
 the parts graded. Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data)
 is ignored and listed as such. A graded file that is absent, or rejected, costs that part its points.
 """
@@ -36,6 +38,7 @@ import re
 import stat
 import struct
 import tokenize
+import unicodedata
 import tomllib
 import zipfile
 from dataclasses import dataclass, field
@@ -184,11 +187,21 @@ def check_source(name: str, data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -
     if why:
         return why
     try:  # the bytes, as the worker's import reads them (the cookie was checked above)
-        compile(data.removeprefix(BOM), name, "exec", dont_inherit=True)
+        code = compile(data.removeprefix(BOM), name, "exec", dont_inherit=True)
     except SyntaxError as e:
         return f"not valid Python: {e.msg} (line {e.lineno}); fix the syntax error"
     except (ValueError, RecursionError, MemoryError) as e:  # pathological input
         return f"not valid Python ({type(e).__name__})"
+    # The last word on the encoding is the compiler's: the bytes (decoded as the import will decode
+    # them, by any declaration it finds) must compile to the same code as their UTF-8 text (where a
+    # declaration means nothing). A declaration that the checks above did not see differs here.
+    try:
+        same = code == compile(data.removeprefix(BOM).decode("utf-8"), name, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        same = False
+    if not same:
+        return ("Python reads it as other text than its UTF-8 (an encoding declaration on its first two lines?); "
+                "save it as UTF-8 and declare utf-8 or nothing")
     return None
 
 
@@ -219,15 +232,36 @@ def wide_encoding(data: bytes) -> str | None:
     return None
 
 
+# PEP 263's declaration; the compiler ends a line at "\r\n", "\r" or "\n" (tokenize only at "\n")
+_COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+_LINES = re.compile(rb"\r\n|\r|\n")
+_BLANK_OR_COMMENT = re.compile(rb"^[ \t\f]*(#.*)?$", re.DOTALL)
+
+
 def _coding_cookie(data: bytes) -> str | None:
     """Why the file's PEP 263 coding cookie is refused, or None. The worker's import decodes a file
-    by its cookie, so a UTF-8 check of the bytes alone would grade other text than it checked."""
+    by its cookie, so a UTF-8 check of the bytes alone would grade other text than it checked.
+    check_source backs this with the compiler itself (the same code from the bytes as from the text)."""
     try:
         enc, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as e:  # an unknown encoding, or a BOM with another cookie
         return f"bad coding declaration ({sanitize.line(e.msg, 80)}); remove it or declare utf-8"
-    if codecs.lookup(enc).name not in ("utf-8", "utf-8-sig"):
-        return f"declares the encoding {sanitize.line(enc, 40)} (a coding cookie); save it as UTF-8 and declare utf-8 or nothing"
+    found = [enc]
+    for i, line in enumerate(_LINES.split(data.removeprefix(BOM), 2)[:2]):
+        m = _COOKIE.match(line)
+        if m:
+            found.append(m.group(1).decode("ascii", "replace"))
+            break
+        if i == 0 and not _BLANK_OR_COMMENT.match(line):  # the second line counts after a comment only
+            break
+    for name in found:
+        try:
+            known = codecs.lookup(name).name
+        except LookupError:
+            return f"bad coding declaration (unknown encoding {sanitize.line(name, 40)}); remove it or declare utf-8"
+        if known not in ("utf-8", "utf-8-sig"):
+            return (f"declares the encoding {sanitize.line(name, 40)} (a coding cookie); save it as UTF-8 and declare "
+                    "utf-8 or nothing")
     return None
 
 
@@ -273,9 +307,18 @@ def _pick_root(candidates: dict[str, list[str]], wanted: set[str]) -> tuple[str 
         second = ranked[1]
         same = len(by_dir[second]) == len(by_dir[best]) and depth(second) == depth(best)
         if same and (not starter(best) or starter(second)):  # two starter/ folders: no winner either
-            return None, (f"ambiguous: graded files in both '{best}' and '{second}'; "
+            a, b = _apart(best, second)
+            return None, (f"ambiguous: graded files in both '{a}' and '{b}'; "
                           f"submit one folder with the graded files (a folder named {PREFERRED}/ is preferred)")
     return best, None
+
+
+def _apart(a: str, b: str) -> tuple[str, str]:
+    """Two different names as a reason shows them: as they are, or escaped (ascii) where they would
+    look alike (Unicode normalisation: 'café' composed and decomposed; characters sanitize drops)."""
+    if unicodedata.normalize("NFKC", sanitize.name(a, 120)) == unicodedata.normalize("NFKC", sanitize.name(b, 120)):
+        return ascii(a)[1:-1], ascii(b)[1:-1]
+    return a, b
 
 
 def take(entry: Path, dest: Path, *, wanted: list[str] | None = None,
@@ -367,6 +410,7 @@ class _Reject(Exception):
 
 def _read_dir(root: Path, known: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
     candidates: dict[str, list[str]] = {}
+    blocked: set[str] = set()  # graded files rejected where they are (_stands)
     count = 0
     stack: list[tuple[Path, str, int]] = [(root, "", 0)]
     while stack:
@@ -391,6 +435,8 @@ def _read_dir(root: Path, known: set[str], sub: Submission, max_bytes: int, max_
                 continue
             if stat.S_ISLNK(st.st_mode):
                 _reject(sub, path, "symbolic link (links are not followed)")
+                if e.name in known:
+                    _stands(candidates, blocked, e.name, path)
             elif stat.S_ISDIR(st.st_mode):
                 if e.name in SKIP_DIRS:
                     continue
@@ -400,14 +446,17 @@ def _read_dir(root: Path, known: set[str], sub: Submission, max_bytes: int, max_
                 stack.append((Path(e.path), path, depth + 1))
             elif not stat.S_ISREG(st.st_mode):
                 _reject(sub, path, "not a regular file (device, fifo or socket)")
+                if e.name in known:
+                    _stands(candidates, blocked, e.name, path)
             elif e.name in known:
                 if st.st_nlink > 1:
                     _reject(sub, path, "hard link (copy the file instead)")
+                    _stands(candidates, blocked, e.name, path)
                 else:
                     candidates.setdefault(e.name, []).append(path)
             else:
                 _ignore(sub, path)
-    return _collect(candidates, known, sub, max_bytes, lambda p: _read_capped(root / p, max_bytes))
+    return _collect(candidates, known, sub, max_bytes, lambda p: _read_capped(root / p, max_bytes), blocked)
 
 
 def _read_capped(path: Path, max_bytes: int) -> bytes:
@@ -467,6 +516,8 @@ def _read_zip(path: Path, known: set[str], sub: Submission, max_bytes: int, max_
         if len(infos) > max_entries:
             raise _Reject(f"zip has {len(infos)} entries (more than {max_entries}); submit only your code")
         graded: dict[str, list[zipfile.ZipInfo]] = {}  # normalised path -> its members
+        candidates: dict[str, list[str]] = {}
+        blocked: set[str] = set()  # graded files rejected where they are (_stands)
         for info in infos:
             name = _zip_name(info.filename)
             why = _unsafe_member(name)
@@ -475,6 +526,9 @@ def _read_zip(path: Path, known: set[str], sub: Submission, max_bytes: int, max_
                 continue
             if stat.S_ISLNK(info.external_attr >> 16):
                 _reject(sub, name, "symbolic link entry (links are not followed)")
+                norm = _member_path(name)
+                if norm and norm.rsplit("/", 1)[-1] in known:
+                    _stands(candidates, blocked, norm.rsplit("/", 1)[-1], norm)
                 continue
             if name.endswith("/") or stat.S_ISDIR(info.external_attr >> 16):
                 continue
@@ -489,17 +543,20 @@ def _read_zip(path: Path, known: set[str], sub: Submission, max_bytes: int, max_
                 graded.setdefault(norm, []).append(info)
             else:
                 _ignore(sub, name)
-        candidates: dict[str, list[str]] = {}
         members: dict[str, zipfile.ZipInfo] = {}
         for norm, found in sorted(graded.items()):
             info = found[0]
+            why = None
             if len(found) > 1:  # zipfile would silently read the last one: refuse to guess
-                _reject(sub, norm, f"ambiguous: the zip holds {len(found)} members for this path (after "
-                                   "normalising '\\', './' and '//'); zip one copy of each file")
+                why = (f"ambiguous: the zip holds {len(found)} members for this path (after normalising '\\', './' "
+                       "and '//'); zip one copy of each file")
             elif info.flag_bits & 0x1:
-                _reject(sub, norm, "encrypted zip entry")
+                why = "encrypted zip entry"
             elif info.file_size > max_bytes:
-                _reject(sub, norm, f"file too large ({info.file_size} bytes > {max_bytes})")
+                why = f"file too large ({info.file_size} bytes > {max_bytes})"
+            if why:
+                _reject(sub, norm, why)
+                _stands(candidates, blocked, norm.rsplit("/", 1)[-1], norm)
             else:
                 candidates.setdefault(norm.rsplit("/", 1)[-1], []).append(norm)
                 members[norm] = info
@@ -509,7 +566,9 @@ def _read_zip(path: Path, known: set[str], sub: Submission, max_bytes: int, max_
                 return f.read(max_bytes + 1)
 
         try:
-            return _collect(candidates, known, sub, max_bytes, read)
+            return _collect(candidates, known, sub, max_bytes, read, blocked)
+        except _Reject:  # the submission's own reason (ambiguous folders): not a corrupt zip
+            raise
         except Exception as e:  # noqa: BLE001 -- BadZipFile (a bad CRC), zlib.error, EOFError, ...
             raise _Reject(f"corrupt zip file ({_describe(e)})") from None
 
@@ -536,11 +595,22 @@ def _graded_names() -> frozenset[str]:
     return frozenset(all_graded_files())
 
 
-def _collect(candidates: dict[str, list[str]], known: set[str], sub: Submission, max_bytes: int, read) -> dict[str, bytes]:
+def _stands(candidates: dict[str, list[str]], blocked: set[str], name: str, path: str) -> None:
+    """A graded file rejected where it is (a link, a device, an encrypted or duplicated zip member...)
+    still stands there: it counts where the student put it when the folder is chosen, and when it is
+    the copy that would be graded the file stays rejected; another copy elsewhere (a backup, maybe
+    another version) is not graded in its place."""
+    candidates.setdefault(name, []).append(path)
+    blocked.add(path)
+
+
+def _collect(candidates: dict[str, list[str]], known: set[str], sub: Submission, max_bytes: int, read,
+             blocked: set[str] = frozenset()) -> dict[str, bytes]:
     """Read the wanted graded files from the folder that holds most graded files (_pick_root). A
     wanted file that is not there but is exactly once elsewhere in the submission is taken from
     there (the note says where); one that is elsewhere several times is rejected as ambiguous,
-    naming the copies: never "missing" when the student did submit it."""
+    naming the copies: never "missing" when the student did submit it. A copy in `blocked` was
+    rejected already (_stands): chosen, it leaves the file rejected."""
     root, error = _pick_root(candidates, known)
     if error:
         raise _Reject(error)
@@ -554,7 +624,8 @@ def _collect(candidates: dict[str, list[str]], known: set[str], sub: Submission,
         there = [p for p in sorted(paths) if str(PurePosixPath(p).parent) != root]
         if here:
             for p in there:
-                _ignore(sub, p)  # a second copy elsewhere (e.g. a backup folder): not graded
+                if p not in blocked:  # (a rejected one is listed as rejected already)
+                    _ignore(sub, p)  # a second copy elsewhere (e.g. a backup folder): not graded
             p = here[0]
         elif len(there) == 1:
             p = there[0]
@@ -563,6 +634,8 @@ def _collect(candidates: dict[str, list[str]], known: set[str], sub: Submission,
             where = "the top folder" if root in (None, ".") else f"'{root}'"
             _reject(sub, name, f"not in {where} with the other graded files, and {len(there)} copies elsewhere "
                                f"({shown}): which one to grade is ambiguous; keep one, beside the other graded files")
+            continue
+        if p in blocked:
             continue
         try:
             data = read(p)

@@ -66,8 +66,32 @@ WRITEFILE = "%%writefile"
 NO_FILE = "no cell of the notebook writes"  # the start of the problem of a file no cell writes ("missing")
 
 
+def _nbgrader_meta(cell: Any) -> dict:
+    """A cell's nbgrader metadata, or {} where the notebook holds something else there (a student can
+    edit a notebook's JSON: a cell, its metadata or its nbgrader entry may be any value)."""
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    found = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def _source(cell: Any) -> str:
+    """A code cell's text: nbformat's str, or its list of lines; anything else holds no code."""
+    source = cell.get("source") if isinstance(cell, dict) else None
+    if isinstance(source, list) and all(isinstance(line, str) for line in source):
+        return "".join(source)
+    return source if isinstance(source, str) else ""
+
+
+def _cells(nb: Any) -> list:
+    """The notebook's cells, or ValueError (one line) when it is not a notebook."""
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        raise ValueError("not a Jupyter notebook (no list of cells); give the .ipynb file a student submitted")
+    return cells
+
+
 def _cell_name(number: int, cell: Any) -> str:
-    meta = cell.get("metadata", {}).get("nbgrader", {})
+    meta = _nbgrader_meta(cell)
     gid = meta.get("grade_id")
     return f"cell {number}" + (f" ({sanitize.line(gid, 60)})" if isinstance(gid, str) and gid else "")
 
@@ -137,15 +161,15 @@ def extract(nb: nbformat.NotebookNode, dest: Path, graded: list[str] | None = No
     written: dict[str, str] = {}
     problems: dict[str, str] = {}
     solution_cells: dict[str, str] = {}
-    for number, cell in enumerate(nb.cells, 1):
-        if cell.get("cell_type") != "code":
+    for number, cell in enumerate(_cells(nb), 1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        own = by_id.get(meta.get("grade_id", "")) if meta.get("solution") else None
+        meta = _nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        own = by_id.get(gid) if meta.get("solution") and isinstance(gid, str) else None
         if own is not None:
             solution_cells.setdefault(own, _cell_name(number, cell))
-        source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
-        magic = _writefile(source)
+        magic = _writefile(_source(cell))
         if magic is None:
             continue
         args, body = magic
@@ -274,8 +298,9 @@ class EngineGrade(NbGraderPreprocessor):
     tests_dir = Unicode("", help="another assignment-tests folder (default: autograder/tests)").tag(config=True)
 
     def preprocess(self, nb: nbformat.NotebookNode, resources: dict) -> tuple[nbformat.NotebookNode, dict]:
-        test_cells = {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
-                      if c.get("cell_type") == "code" and c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+        test_cells = {_nbgrader_meta(c)["grade_id"]: c for c in _cells(nb)
+                      if isinstance(c, dict) and c.get("cell_type") == "code" and _nbgrader_meta(c).get("grade")
+                      and isinstance(_nbgrader_meta(c).get("grade_id"), str)}
         student = resources.get("nbgrader", {}).get("student", "?")
         for grade_id in test_cells:  # nothing recorded before for this notebook counts
             _ENGINE_POINTS.pop(_points_key(resources, grade_id), None)
@@ -396,7 +421,13 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("notebook", type=Path)
     e.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
-    nb = nbformat.read(a.notebook, as_version=4)
+    try:
+        nb = nbformat.read(a.notebook, as_version=4)
+    except RecursionError:
+        raise ValueError("not a Jupyter notebook (its JSON is nested too deeply)") from None
+    except (AttributeError, KeyError, TypeError, IndexError):  # JSON of another shape (nbformat's reader assumes a dict)
+        raise ValueError("not a Jupyter notebook (its JSON is not a notebook's); give the .ipynb file a student "
+                         "submitted") from None
     problems = extract(nb, a.out)
     for name, why in problems.items():
         print(f"{name}: {why}", file=sys.stderr)

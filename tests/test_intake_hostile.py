@@ -246,7 +246,7 @@ def test_only_the_files_of_the_parts_graded_are_taken_and_named(tmp_path):
     one = intake.files_for_parts([1])
     assert one == ["online_softmax.py"] and intake.files_for_parts(None) == FILES
     s = _tree(tmp_path / "s", {"work/online_softmax.py": "x = 1\n", "work/flash_forward.py": "def f(:\n",
-                               "online_softmax.py": "old = 1\n", "notes.txt": "x"})
+                               "work/flash_kernel.py": "k = 1\n", "online_softmax.py": "old = 1\n", "notes.txt": "x"})
     os.link(s / "notes.txt", s / "kv_cache.py")  # a hard link: rejected, were part 5 graded
     sub = intake.take(s, tmp_path / "d", wanted=one)
     assert list(sub.files) == one and not sub.missing and not sub.rejected, (sub.missing, sub.rejected)
@@ -269,3 +269,65 @@ def test_a_file_saved_as_utf16_or_utf32_is_named_so(tmp_path, codec, name):
     assert why.startswith(f"saved as {name}: save it as UTF-8"), why
     assert intake.check_source("a.py", b"x = 1\0\n") == "not a Python source file (contains NUL bytes)"
     assert intake.check_source("a.py", "s = '\u00e9\u4e2d'\n".encode()) is None  # UTF-8 text is not mistaken
+
+
+# ---------------------------------------------------------------------------------------------
+# the compiler's own reading; a rejected copy stands; an ambiguous zip is ambiguous
+
+
+@pytest.mark.parametrize("head", [b"\r# coding: latin-1\n", b"\xef\xbb\xbf\r# coding: latin-1\n",
+                                  b"#!/usr/bin/env python\r# vim: set fileencoding=cp1252 :\n", b"\x0c# coding: latin-1\n"])
+def test_a_coding_declaration_the_compiler_sees_is_seen(tmp_path, head, monkeypatch):
+    """tokenize ends a line at "\\n" only, the compiler (what the worker's import runs) at "\\r" too: a
+    declaration after a lone CR is still the file's encoding. The reading is the compiler's: with the
+    declaration check switched off, the file is still refused, because its bytes do not compile to the
+    code its UTF-8 text does."""
+    data = head + "s = 'caf\u00e9'\n".encode()
+    why = intake.check_source(FILES[0], data)
+    assert why and "encoding" in why, why
+    monkeypatch.setattr(intake, "_coding_cookie", lambda data: None)
+    why = intake.check_source(FILES[0], data)
+    assert why and "other text than its UTF-8" in why, why
+
+
+@pytest.mark.parametrize("text", [b'x = 1\r# coding: latin-1\ns = "caf\xc3\xa9"\n',  # code first: no declaration
+                                  b'"""doc."""\n# Flash-Decoding: split the keys\n', b"x = 1\r\ny = 2\r\n",
+                                  b"# -*- coding: utf-8 -*-\rs = 'caf\xc3\xa9'\n"])
+def test_what_the_compiler_reads_as_utf8_is_accepted(text):
+    assert intake.check_source(FILES[0], text) is None
+
+
+def _files_of(folder: str, text: str = "x = 1\n") -> dict[str, str]:
+    return {f"{folder}/{f}": text for f in FILES}
+
+
+def test_a_graded_file_rejected_where_it_is_is_not_taken_from_another_copy(tmp_path):
+    """The copy that would be graded is rejected (two members for one path; a link; an encrypted
+    member): the file stays rejected, and a copy elsewhere (a backup, maybe another version) is not
+    graded in its place."""
+    f = FILES[0].encode()
+    members = [(b"sol/" + f, b"x = 1\n"), (b"sol\\" + f, b"x = 2\n"), (b"old/backup/" + f, b"x = 3\n")] + \
+        [(b"sol/" + g.encode(), b"y = 1\n") for g in FILES[1:]]
+    sub = intake.take(_rawzip(tmp_path / "dup.zip", members), tmp_path / "d1")
+    assert FILES[0] not in sub.files and not sub.elsewhere and sorted(sub.files) == sorted(FILES[1:])
+    assert [p for p, why in sub.rejected] == [f"sol/{FILES[0]}"] and FILES[0] not in sub.missing
+    s = _tree(tmp_path / "s", {**_files_of("starter"), f"old/{FILES[0]}": "x = 3\n"})
+    (s / "starter" / FILES[0]).unlink()
+    (s / "starter" / FILES[0]).symlink_to(s / "old" / FILES[0])
+    sub = intake.take(s, tmp_path / "d2")
+    assert FILES[0] not in sub.files and not sub.elsewhere
+    assert [p for p, _ in sub.rejected] == [f"starter/{FILES[0]}"]
+    assert f"old/{FILES[0]}" in sub.ignored and f"starter/{FILES[0]}" not in sub.ignored  # listed once: rejected
+
+
+def test_an_ambiguous_zip_says_ambiguous_and_shows_look_alike_names_apart(tmp_path):
+    import unicodedata
+
+    z = tmp_path / "two.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        for folder in (unicodedata.normalize("NFC", "caf\u00e9"), unicodedata.normalize("NFD", "caf\u00e9")):
+            for f in FILES:
+                zf.writestr(f"{folder}/{f}", "x = 1\n")
+    sub = intake.take(z, tmp_path / "d")
+    assert sub.error.startswith("ambiguous: graded files in both") and "corrupt" not in sub.error, sub.error
+    assert "_Reject" not in sub.error and "caf\\xe9" in sub.error and "cafe\\u0301" in sub.error, sub.error

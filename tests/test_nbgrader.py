@@ -462,3 +462,30 @@ def test_a_sandbox_mode_asked_for_that_is_not_available_refuses(mode, said, monk
     why = nbgrader_channel._check_setup(cfg)
     assert isinstance(why, str) and why.startswith("sandbox not available") and said in why, why
     assert "\n" not in why
+
+
+def test_a_notebook_of_any_shape_is_read_without_a_traceback(tmp_path):
+    """A student can edit the notebook's JSON: cells, metadata and the nbgrader entry may hold any value.
+    extract reads what it can (a cell with odd metadata is still a %%writefile cell); the command line
+    refuses a file that is not a notebook in one line, exit status 2."""
+    import subprocess
+    import sys
+
+    name = "online_softmax.py"
+    code = (ROOT / "solutions" / name).read_text()
+    odd = [{"cell_type": "code", "metadata": {"nbgrader": "x"}, "source": f"%%writefile submission/{name}\n{code}",
+            "outputs": [], "execution_count": None},
+           {"cell_type": "code", "metadata": [], "source": 7, "outputs": [], "execution_count": None},
+           {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": ["x"], "solution": True}}, "source": ["x = 1\n"]},
+           "not a cell"]
+    nb = nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": odd})
+    problems = extract(nb, tmp_path / "out", [name])
+    assert problems == {} and (tmp_path / "out" / name).read_text() == code
+    for label, text in {"a list": "[]", "deep": "[" * 100_000, "no cells": '{"nbformat": 4, "cells": 3}'}.items():
+        path = tmp_path / f"{label}.ipynb"
+        path.write_text(text)
+        run = subprocess.run([sys.executable, "-m", "instructor.nbgrader_channel", "extract", str(path), "--out",
+                              str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert run.returncode == 2 and "Traceback" not in run.stderr, (label, run.stderr[-500:])
+        assert run.stderr.startswith("error: not a Jupyter notebook") and run.stderr.count("\n") == 1, (label, run.stderr)
