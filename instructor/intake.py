@@ -22,9 +22,10 @@ Rejected, each with a one-line reason shown in the student's feedback:
 traceback, never one of the instructor's paths).
 The graded files are taken from the folder holding most of them; one that is not there but is
 exactly once elsewhere is taken from there (a note says where), one that is elsewhere several times
-is rejected as ambiguous. A rejected copy stands where it is (it counts in choosing the folder; no
-other copy is graded in its place). `take(wanted=files_for_parts(parts))` takes and names only the files of
-the parts graded. Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data)
+is rejected as ambiguous. A zip member rejected where it is (two members for one path, encrypted,
+too large) stands there: it counts in choosing the folder, and no other copy is graded in its place;
+a link is no file and does not. `take(wanted=files_for_parts(parts))` takes and names only the
+files of the parts graded. Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data)
 is ignored and listed as such. A graded file that is absent, or rejected, costs that part its points.
 """
 from __future__ import annotations
@@ -410,7 +411,6 @@ class _Reject(Exception):
 
 def _read_dir(root: Path, known: set[str], sub: Submission, max_bytes: int, max_entries: int) -> dict[str, bytes]:
     candidates: dict[str, list[str]] = {}
-    blocked: set[str] = set()  # graded files rejected where they are (_stands)
     count = 0
     stack: list[tuple[Path, str, int]] = [(root, "", 0)]
     while stack:
@@ -435,8 +435,6 @@ def _read_dir(root: Path, known: set[str], sub: Submission, max_bytes: int, max_
                 continue
             if stat.S_ISLNK(st.st_mode):
                 _reject(sub, path, "symbolic link (links are not followed)")
-                if e.name in known:
-                    _stands(candidates, blocked, e.name, path)
             elif stat.S_ISDIR(st.st_mode):
                 if e.name in SKIP_DIRS:
                     continue
@@ -446,17 +444,14 @@ def _read_dir(root: Path, known: set[str], sub: Submission, max_bytes: int, max_
                 stack.append((Path(e.path), path, depth + 1))
             elif not stat.S_ISREG(st.st_mode):
                 _reject(sub, path, "not a regular file (device, fifo or socket)")
-                if e.name in known:
-                    _stands(candidates, blocked, e.name, path)
             elif e.name in known:
                 if st.st_nlink > 1:
                     _reject(sub, path, "hard link (copy the file instead)")
-                    _stands(candidates, blocked, e.name, path)
                 else:
                     candidates.setdefault(e.name, []).append(path)
             else:
                 _ignore(sub, path)
-    return _collect(candidates, known, sub, max_bytes, lambda p: _read_capped(root / p, max_bytes), blocked)
+    return _collect(candidates, known, sub, max_bytes, lambda p: _read_capped(root / p, max_bytes))
 
 
 def _read_capped(path: Path, max_bytes: int) -> bytes:
@@ -526,9 +521,6 @@ def _read_zip(path: Path, known: set[str], sub: Submission, max_bytes: int, max_
                 continue
             if stat.S_ISLNK(info.external_attr >> 16):
                 _reject(sub, name, "symbolic link entry (links are not followed)")
-                norm = _member_path(name)
-                if norm and norm.rsplit("/", 1)[-1] in known:
-                    _stands(candidates, blocked, norm.rsplit("/", 1)[-1], norm)
                 continue
             if name.endswith("/") or stat.S_ISDIR(info.external_attr >> 16):
                 continue
@@ -596,10 +588,11 @@ def _graded_names() -> frozenset[str]:
 
 
 def _stands(candidates: dict[str, list[str]], blocked: set[str], name: str, path: str) -> None:
-    """A graded file rejected where it is (a link, a device, an encrypted or duplicated zip member...)
-    still stands there: it counts where the student put it when the folder is chosen, and when it is
-    the copy that would be graded the file stays rejected; another copy elsewhere (a backup, maybe
-    another version) is not graded in its place."""
+    """A zip member that is a graded file but rejected where it is (two members for one path, an
+    encrypted or too large one) still stands there: it counts where the student put it when the
+    folder is chosen, and when it is the copy that would be graded the file stays rejected; another
+    copy elsewhere (a backup, maybe another version) is not graded in its place. A link or a device
+    is no file: the file is looked for as if it were not there."""
     candidates.setdefault(name, []).append(path)
     blocked.add(path)
 

@@ -302,22 +302,27 @@ def _files_of(folder: str, text: str = "x = 1\n") -> dict[str, str]:
 
 
 def test_a_graded_file_rejected_where_it_is_is_not_taken_from_another_copy(tmp_path):
-    """The copy that would be graded is rejected (two members for one path; a link; an encrypted
-    member): the file stays rejected, and a copy elsewhere (a backup, maybe another version) is not
-    graded in its place."""
+    """The zip member that would be graded is rejected (two members for one path; encrypted): the file
+    stays rejected, and a copy elsewhere (a backup, maybe another version) is not graded in its place.
+    A link is no file: the file it stands for is looked for as if it were not there."""
     f = FILES[0].encode()
-    members = [(b"sol/" + f, b"x = 1\n"), (b"sol\\" + f, b"x = 2\n"), (b"old/backup/" + f, b"x = 3\n")] + \
-        [(b"sol/" + g.encode(), b"y = 1\n") for g in FILES[1:]]
-    sub = intake.take(_rawzip(tmp_path / "dup.zip", members), tmp_path / "d1")
-    assert FILES[0] not in sub.files and not sub.elsewhere and sorted(sub.files) == sorted(FILES[1:])
-    assert [p for p, why in sub.rejected] == [f"sol/{FILES[0]}"] and FILES[0] not in sub.missing
-    s = _tree(tmp_path / "s", {**_files_of("starter"), f"old/{FILES[0]}": "x = 3\n"})
-    (s / "starter" / FILES[0]).unlink()
-    (s / "starter" / FILES[0]).symlink_to(s / "old" / FILES[0])
-    sub = intake.take(s, tmp_path / "d2")
-    assert FILES[0] not in sub.files and not sub.elsewhere
-    assert [p for p, _ in sub.rejected] == [f"starter/{FILES[0]}"]
-    assert f"old/{FILES[0]}" in sub.ignored and f"starter/{FILES[0]}" not in sub.ignored  # listed once: rejected
+    rest = [(b"sol/" + g.encode(), b"y = 1\n") for g in FILES[1:]]
+    for first in ([(b"sol/" + f, b"x = 1\n"), (b"sol\\" + f, b"x = 2\n")], [(b"sol/" + f, b"x = 1\n")]):
+        z = _rawzip(tmp_path / "z.zip", first + [(b"old/backup/" + f, b"x = 3\n")] + rest)
+        if len(first) == 1:  # the encrypted flag on sol/F
+            data = bytearray(z.read_bytes())
+            cd = data.index(b"PK\x01\x02")
+            data[cd + 8] |= 1
+            z.write_bytes(bytes(data))
+        sub = intake.take(z, tmp_path / f"d{len(first)}")
+        assert FILES[0] not in sub.files and not sub.elsewhere and sorted(sub.files) == sorted(FILES[1:])
+        assert [p for p, why in sub.rejected] == [f"sol/{FILES[0]}"] and FILES[0] not in sub.missing, sub.rejected
+        assert f"old/backup/{FILES[0]}" in sub.ignored and f"sol/{FILES[0]}" not in sub.ignored  # listed once
+    s = _tree(tmp_path / "s", {**{f"starter/{g}": "x = 1\n" for g in FILES[1:]}, f"old/{FILES[0]}": "x = 3\n"})
+    (s / f"{FILES[0]}").symlink_to(s / "old" / FILES[0])  # a link at the top: the file is old/'s
+    sub = intake.take(s, tmp_path / "d3")
+    assert sorted(sub.files) == sorted(FILES) and sub.elsewhere == {FILES[0]: f"old/{FILES[0]}"}
+    assert [p for p, _ in sub.rejected] == [FILES[0]]
 
 
 def test_an_ambiguous_zip_says_ambiguous_and_shows_look_alike_names_apart(tmp_path):
