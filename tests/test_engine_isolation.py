@@ -497,3 +497,23 @@ def test_the_grade_budget_bounds_the_whole_grade(tmp_path):
     later = [t for i, t in by_test.items() if "test_part6" in i]
     assert later and all(t["message"] == "not run: the grade's time budget of 4 s is spent (earlier calls took it)"
                          for t in later), {t["message"] for t in later}
+
+
+def test_a_reply_of_many_small_values_is_refused_before_it_is_parsed(probe, tmp_path):
+    """The cap bounds a reply's bytes; json.loads makes up to ~50 bytes of Python objects per byte of
+    nested brackets (a worker that padded its replies' headers to 64 MiB of them took the judge to
+    5 GB). The judge counts the header's values first (protocol.json_values) and refuses a reply of
+    more than the cap's worth (BYTES_PER_VALUE each), unparsed."""
+    from autograder.engine import protocol
+
+    with pytest.raises(protocol.TooManyValues):
+        protocol.parse_body(b'{"pad":' + b"[" * 5000 + b"]" * 5000 + b"}", b"", max_values=1000)
+    assert protocol.parse_body(b'{"x":[[],[]],"buffers":[]}', b"", max_values=10)[0]["x"] == [[], []]
+    nested = BENIGN_PROBE.replace("def ok():\n    return 1.5\n", "def ok():\n    return [[[]]] * 4000\n")
+    sub = write(tmp_path / "sub", {"probe.py": nested, "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[1], limits={"reply_cap_mb": 1})  # 8192 values at most
+    oks = [t for name, t in by_name(report).items() if name.startswith("test_call[ok")]
+    assert oks and all(t["outcome"] == "failed" for t in oks), oks
+    message = oks[0]["message"]
+    assert "more than the 8,192 a reply may hold" in message and "\n" not in message, message
+    assert by_name(report)["test_add"]["outcome"] == "passed"  # the next call gets a fresh worker

@@ -572,6 +572,7 @@ class Worker:
                     timeout: float | None = None) -> tuple[dict, list]:
         buf = bytearray()
         need, body_len = protocol.PREFIX_SIZE, None
+        cap = self.limits.reply_cap_mb << 20
         while True:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
@@ -596,7 +597,6 @@ class Worker:
                         raise Lost("protocol", f"{e} during {target}") from None
                     body_len = (hlen, plen)
                     need = protocol.PREFIX_SIZE + hlen + plen
-                    cap = self.limits.reply_cap_mb << 20
                     if cap > 0 and hlen + plen > cap:
                         # refused before it is read: the judge never holds more than the cap per reply
                         raise Lost("reply", f"{target} returned {(hlen + plen) / (1 << 20):.0f} MB of data; "
@@ -606,9 +606,14 @@ class Worker:
                         raise Lost("protocol", f"the worker wrote extra bytes on the protocol pipe during {target}")
                     hlen, plen = body_len
                     p = protocol.PREFIX_SIZE
+                    # The parsed header is bounded too, not only its bytes (protocol.json_values): the
+                    # judge holds at most about the cap per reply either way.
+                    values = (cap if cap > 0 else protocol.MAX_HEADER) // protocol.BYTES_PER_VALUE
                     try:
                         view = memoryview(buf)
-                        return protocol.parse_body(bytes(view[p : p + hlen]), view[p + hlen :])
+                        return protocol.parse_body(bytes(view[p : p + hlen]), view[p + hlen :], max_values=values)
+                    except protocol.TooManyValues as e:
+                        raise Lost("reply", f"{target}: {e}") from None
                     except protocol.ProtocolError as e:
                         raise Lost("protocol", f"{e} during {target}") from None
             if self.proc.poll() is not None and not self._pending(self._out_fd):

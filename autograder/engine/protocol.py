@@ -49,6 +49,21 @@ class NotPlainData(ProtocolError):
     """A value of a type that may not cross the wire (raised while encoding)."""
 
 
+class TooManyValues(ProtocolError):
+    """A frame header holds more JSON values than the reader allows (refused before it is parsed)."""
+
+
+# What json.loads makes of one JSON value, at most (measured: a dict of one tagged float ~81 bytes, an
+# empty list inside a list ~32, nested empty lists ~32-83): a header of n values costs under n times this.
+BYTES_PER_VALUE = 128
+
+
+def json_values(body: bytes) -> int:
+    """An upper bound on the JSON values in `body`, without parsing it: every value but the first
+    follows a ',', a ':' or an opening bracket (the same characters inside strings only raise it)."""
+    return body.count(b"[") + body.count(b"{") + body.count(b",") + body.count(b":") + 1
+
+
 # ---------------------------------------------------------------------------------------------
 # values <-> tagged JSON + buffers
 
@@ -239,8 +254,13 @@ def parse_prefix(prefix: bytes) -> tuple[int, int]:
     return hlen, plen
 
 
-def parse_body(body: bytes, payload: bytes) -> tuple[dict, list[bytes]]:
-    """(header dict, buffers) from a frame's header bytes and payload bytes, validated."""
+def parse_body(body: bytes, payload: bytes, max_values: int | None = None) -> tuple[dict, list[bytes]]:
+    """(header dict, buffers) from a frame's header bytes and payload bytes, validated. max_values: refuse
+    (TooManyValues) a header of more JSON values (json_values) before parsing it: json.loads makes up
+    to ~50 bytes of Python objects per byte of nested brackets, so a byte count alone bounds nothing."""
+    if max_values is not None and (n := json_values(body)) > max_values:
+        raise TooManyValues(f"the reply's plain data holds up to {n:,} values, more than the {max_values:,} a reply "
+                            "may hold; return tensors (their bytes travel as they are), not long lists")
     try:
         header = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError) as e:
