@@ -297,6 +297,22 @@ def test_bounds_are_checked_on_meta_tensors_before_anything_runs():
     assert err.value.kind == "budget"
 
 
+def test_an_op_list_of_nested_brackets_is_refused_before_it_is_parsed():
+    """The op list's bytes are bounded (64 per op); json.loads would still make ~32 bytes of lists per
+    byte of nested brackets (16 MB of them: ~0.3 GB). Its values are counted first (~20 per recorded op)."""
+    x = torch.randn(4)
+    text = "[" + "[]," * 2400 + "[]]"  # 7,204 bytes (the bound: 7,400), 4,802 values (the bound: 4,200)
+    rec = {"inputs": 1, "ops": torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8), "constants": [],
+           "named": [], "marks": {}, "result": ["$t", 0]}
+    with pytest.raises(R.ReplayRefused, match="values") as err:
+        R.replay(rec, [x], budget=R.Budget(max_ops=100))
+    assert err.value.kind == "budget"
+    rec["ops"] = torch.frombuffer(bytearray(b"[" * 60 + b"]" * 60), dtype=torch.uint8)
+    with pytest.raises(R.ReplayRefused) as err:  # within the count: parsed, then refused as malformed
+        R.replay(rec, [x], budget=R.Budget(max_ops=100))
+    assert err.value.kind == "malformed"
+
+
 @pytest.mark.parametrize("bad", [
     {"ops": [["aten::_scaled_dot_product_flash_attention_for_cpu.default", [], {}, []]]},
     {"ops": [["aten::rand.default", [[3]], {}, ["$t", 1]]]},

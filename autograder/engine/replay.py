@@ -5,8 +5,8 @@ tracing.py). Nothing it measured is trusted. This module, in the judge:
 
 1. validates the record's shape (plain data only; refs point to earlier tensors);
 2. checks every op against an allow-list (no fused attention op under any name, no random, no
-   I/O, no storage tricks) and the record against budgets: ops, elements of constants, distinct
-   data-carrying numbers;
+   I/O, no storage tricks) and the record against budgets: ops (and the op list's bytes and JSON
+   values, counted before it is parsed), elements of constants, distinct data-carrying numbers;
 3. bounds every op BEFORE it runs (`_preflight`): output size and FLOPs from the real shapes of its
    inputs (or on meta tensors for unusual ops), views from the record's stated shape, checked right
    after; a program above the bounds is refused, so a hostile record cannot exhaust the judge;
@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from autograder.engine import memory
+from autograder.engine.protocol import json_values
 from autograder.scenarios.tracing import INPLACE_VIEWS as _INPLACE_VIEWS
 
 aten = torch.ops.aten
@@ -467,6 +468,11 @@ def _op_text(ops: Any, budget: Budget) -> list:
     elif type(ops) is str and len(ops) > 64 * budget.max_ops + 1000:
         raise ReplayRefused(f"the record is too long ({len(ops):,} characters)", "budget")
     if type(ops) in (str, bytes):
+        # json.loads makes up to ~50 bytes of objects per byte of nested brackets: the values are
+        # bounded too (a recorded op is ~20 of them, at most ~35), before anything is parsed
+        raw = ops.encode() if type(ops) is str else ops
+        if json_values(raw) > 32 * budget.max_ops + 1000:
+            raise ReplayRefused(f"the record's op list holds more than {32 * budget.max_ops + 1000:,} values", "budget")
         try:
             ops = json.loads(ops)
         except (ValueError, RecursionError):
