@@ -607,8 +607,8 @@ class Worker:
                     hlen, plen = body_len
                     p = protocol.PREFIX_SIZE
                     # The parsed header is bounded too, not only its bytes (protocol.json_values): the
-                    # judge holds at most about the cap per reply either way.
-                    values = (cap if cap > 0 else protocol.MAX_HEADER) // protocol.BYTES_PER_VALUE
+                    # judge holds at most about the cap per reply either way (no cap: decode_value's bound).
+                    values = cap // protocol.BYTES_PER_VALUE if cap > 0 else protocol.MAX_NODES
                     try:
                         view = memoryview(buf)
                         return protocol.parse_body(bytes(view[p : p + hlen]), view[p + hlen :], max_values=values)
