@@ -588,13 +588,15 @@ def judge_counted(student, which: str, passes: list[list[float]]) -> tuple[Any, 
     return out["result"], delivered
 
 
-def pass_values(n: int, seed: int, passes: int) -> list[list[float]]:
+def pass_values(n: int, seed: int, passes: int, shift: float = 0.0) -> list[list[float]]:
     """The values each pass of a counted softmax reads: pass 1 gets x, each later pass x moved by up to
     ±0.01 (another draw each pass). A correct k-pass softmax uses what each pass reads (its statistics
     from the earlier passes, its probabilities from the last), so its output is expected_passes(...) of
     these lists; a function that keeps x from one pass and only walks over x in the others (reads
-    that compute nothing) gives the softmax of that one pass's values instead, off by ~1e-3 relative."""
-    x = counted_values(n, seed)
+    that compute nothing) gives the softmax of that one pass's values instead, off by ~1e-3 relative.
+    shift: added to x; from ~710 on, exp(x) overflows float64, so only a sum shifted by the (running)
+    max stays finite: the naive softmax with a rebase counter beside it is not the online one."""
+    x = [v + shift for v in counted_values(n, seed)]
     g = torch.Generator().manual_seed(seed + 5000)
     moved = [(torch.tensor(x, dtype=torch.float64) + (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 0.02)
              .tolist() for _ in range(passes - 1)]
@@ -618,11 +620,11 @@ def expected_passes(which: str, passes: list[list[float]]) -> torch.Tensor:
 VALUE_HINTS = {"naive": "naive_softmax", "safe": "safe_softmax", "online": "summary_l"}
 
 
-def check_passes(student, which: str, n: int, seed: int) -> None:
+def check_passes(student, which: str, n: int, seed: int, shift: float = 0.0) -> None:
     """The passes the judge counted as it delivered the values, then the probabilities from what each pass
-    read (pass_values: each pass its own values)."""
+    read (pass_values: each pass its own values, moved by `shift`)."""
     want = {"naive": 2, "safe": 3, "online": 2}[which]
-    passes = pass_values(n, seed, want)
+    passes = pass_values(n, seed, want, shift)
     result, reads = judge_counted(student, which, passes)
     fn = f"{which}_softmax_counted"
     if which == "online":

@@ -78,7 +78,9 @@ def test_merge_commutative_associative(student, case, data):
     C.check_algebra(student, *data.draw(C.summaries_strategy(size=case)))
 
 
-@cases(dict(which="naive", n=257, seed=20), dict(which="safe", n=257, seed=20), dict(which="online", n=257, seed=20))
+# safe and online on values near 800: exp(x) overflows float64 there, only a max-shifted sum stays finite
+@cases(dict(which="naive", n=257, seed=20), dict(which="safe", n=257, seed=20, shift=800.0),
+       dict(which="online", n=257, seed=20, shift=800.0))
 def test_pass_counts(student, case):
     """The passes over x that the judge counted as it delivered x element by element: naive 2, safe 3, online 2 (§4.3)."""
     C.check_passes(student, **case)

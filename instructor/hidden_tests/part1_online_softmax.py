@@ -45,8 +45,9 @@ HIDDEN = {
     "test_merge_partial": MERGES,
     "test_merge_identity": [dict(dtype="float32", lead=(2, 3), seed=7), dict(dtype="float64", lead=(2, 3), seed=7)],
     "test_merge_commutative_associative": [16],
-    "test_pass_counts": [dict(which="naive", n=1, seed=120), dict(which="safe", n=4096, seed=121),
-                         dict(which="online", n=4096, seed=122)],
+    # near -800 every exp(x) underflows float64 to 0: only a max-shifted sum is not 0 / 0
+    "test_pass_counts": [dict(which="naive", n=1, seed=120), dict(which="safe", n=4096, seed=121, shift=-800.0),
+                         dict(which="online", n=4096, seed=122, shift=-800.0)],
     "test_rebase_count": [dict(n=4096, seed=123, order="random"), dict(n=300, seed=124, order="increasing"),
                           dict(n=300, seed=125, order="decreasing"), dict(n=1, seed=126, order="random"),
                           dict(n=500, seed=127, order="ties")],
