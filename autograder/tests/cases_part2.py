@@ -301,7 +301,8 @@ def check_trace_common(trace: dict[str, Any], *, fn: str, nq: int, nk: int, item
 
 def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict) -> None:
     """The structure of the replayed flash_forward: no fused op, input dtype, no Nq×Nk storage (where
-    the shapes separate tiled from dense), exact matmul FLOPs (whole-block causal skipping)."""
+    the shapes separate tiled from dense), exact matmul FLOPs (whole-block causal skipping), one tile of
+    scores live at a time (the tags; and the peak of live data where the shapes separate)."""
     trace = rp.as_trace()
     check_trace_common(trace, fn="flash_forward", nq=case.nq, nk=case.nk, itemsize=case.torch_dtype.itemsize,
                        inputs=inputs, upcasts=rp.upcasts, float32=case.dtype == "float32", storage=separates(case))
@@ -319,6 +320,8 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
                       + (f" ({pairs} of {total} block pairs; all pairs would be {full:,})" if case.causal else "")),
               hint=flops_hint(got, expected, full, trace), inputs=inputs)
     check_tiles_live(rp, case, fn="flash_forward", inputs=inputs, rows=FORWARD_ROWS)
+    if peak_separates(case):  # on every replay whose shapes let memory tell a tile from a row panel
+        check_peak(rp, case, fn="flash_forward", inputs=inputs)
 
 
 def dead_flops(rp: replay.Replayed, live: int, start: int = 0) -> str:
@@ -691,8 +694,6 @@ def check_forward_trace(student, case: AttnCase, *, hidden: bool = False) -> Non
     rp, q, k, v = replayed_forward(student, case)
     inputs = case.shown(q, k, v)
     check_forward_structure(rp, case, inputs=inputs)
-    if peak_separates(case):
-        check_peak(rp, case, fn="flash_forward", inputs=inputs)
     o, _ = unpack(rp.result, 2, what="flash_forward returns (o, lse)")
     ref_o, _ = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)
