@@ -643,3 +643,20 @@ def test_the_twins_inputs_move_every_value_one_way_by_at_least_half_the_step():
         r = R.perturbed(x, seed).double() / x.double() - 1
         assert bool((r.abs() >= 0.025 - 1e-6).all() and (r.abs() <= 0.05 + 1e-6).all())
         assert bool((r > 0).all() or (r < 0).all())
+
+
+def test_indexed_accumulations_count_as_elementwise_work():
+    """index_add, index_put(accumulate=True) and scatter with a reduce combine each element they bring in
+    with one already there: 2 per element in the replay's elementwise work (pairwise_at), as a reduction;
+    the same ops that only move data (no accumulate, no reduce) count nothing."""
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    idx = torch.arange(8)
+
+    def work(fn) -> int:
+        return R.record_and_replay(fn, x, y).pairwise_between(0)
+
+    assert work(lambda x, y: x.clone().index_add_(1, idx, y)) == 2 * 32
+    assert work(lambda x, y: x.index_put((torch.tensor([0, 1]),), y[:2], accumulate=True)) == 2 * 16
+    assert work(lambda x, y: x.scatter(1, idx.expand(4, 8), 2.0, reduce="multiply")) == 2 * 32  # (a Tensor src: deprecated)
+    assert work(lambda x, y: x.index_put((torch.tensor([0, 1]),), y[:2])) == 0
+    assert work(lambda x, y: x.scatter(1, idx.expand(4, 8), y)) == 0

@@ -216,8 +216,9 @@ class Replayed:
 
     def pairwise_between(self, start: int, end: int | None = None) -> int:
         """The elementwise work of ops [start, end) (`pairwise_at`: elementwise ops that combine two tensors
-        of data, reductions): work no matmul count sees (a matmul written as a multiply and a sum, column by
-        column, or as a stack reduced by prod, pays here)."""
+        of data, reductions, indexed accumulations): work no matmul count sees (a matmul written as a
+        multiply and a sum, column by column, as a stack reduced by prod, or as scatter and index_add,
+        pays here)."""
         if not self.pairwise_at:
             return 0
         end = len(self.pairwise_at) - 1 if end is None else end
@@ -1153,6 +1154,12 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                 src = a[op.fast[1][0][0]]
                 pairwise += 2 * _effective_numel(src)
                 pairwise_at[-1] = pairwise
+            elif info.short in _ACCUMULATING and got and isinstance(got[0], Tensor) and (
+                    got[0].is_floating_point() or (derived and got[0].dtype != torch.bool)):
+                # an indexed accumulation (index_add, index_put with accumulate, scatter with a reduce)
+                # combines each element it brings in with one already there: 2 per element, as a reduction
+                pairwise += 2 * _accumulated(info.short, a, kw)
+                pairwise_at[-1] = pairwise
     result = _dec(record["result"], env) if record["result"] is not None else None
     consts = [t for r, t in base.items() if r in const_refs]
     readers: dict[int, list[int]] = {}
@@ -1167,6 +1174,30 @@ def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[in
                     marks=_marks(record.get("marks"), len(prepared)), env=env,
                     inputs=[env[i] for i in range(int(record["inputs"]))], producer=producer, readers=readers,
                     new_storage_of=new_storage_of, prepared=prepared, shapes=shapes, pairwise_at=pairwise_at)
+
+
+_ACCUMULATING = frozenset({"index_add", "index_add_", "index_put", "index_put_", "scatter", "scatter_"})
+
+
+def _accumulated(short: str, a: list, kw: dict) -> int:
+    """The elements an indexed op combines with what is already there (0 where it only moves data: an
+    index_put without accumulate, a scatter without a reduce). Arguments as the schemas order them:
+    index_add(self, dim, index, source, *, alpha), index_put(self, indices, values, accumulate),
+    scatter(self, dim, index, src | value, *, reduce)."""
+    def numel(x: Any) -> int:
+        return x.numel() if isinstance(x, torch.Tensor) else 0
+
+    plain = short.removesuffix("_")
+    if plain == "index_add":
+        return numel(a[3] if len(a) > 3 else kw.get("source"))
+    if plain == "index_put":
+        if not (a[3] if len(a) > 3 else kw.get("accumulate", False)):
+            return 0
+        indices = a[1] if len(a) > 1 else kw.get("indices") or []
+        return max([numel(a[2] if len(a) > 2 else kw.get("values"))] + [numel(i) for i in indices or []])
+    if kw.get("reduce") is None and not (len(a) > 4 and isinstance(a[4], str)):
+        return 0
+    return numel(a[2] if len(a) > 2 else kw.get("index"))
 
 
 def _shapes(got: list) -> tuple:

@@ -242,7 +242,8 @@ def call_flops_bound(c: int, max_len: int, batch: int = 1) -> int:
 
 def pairwise_allowance(c: int, max_len: int, batch: int = 1) -> int:
     """Most elementwise work (replay.Replayed.pairwise_between: 2 per output element of an op that
-    combines two tensors of data, 2 per input element of a reduction) of one forward_with_cache call on c
+    combines two tensors of data, 2 per input element of a reduction, 2 per element an index_add, an
+    accumulating index_put or a reducing scatter brings in) of one forward_with_cache call on c
     new tokens besides its matmuls, for a block written out op by op, per new token and layer: RMSNorm
     twice (x·x, x·r, ·w and the mean: 8·d), RoPE on q and k (6·d), the residual adds (2·d), SwiGLU's
     product (d_ff), a softmax written out (S − m, ÷ ℓ, its max and sum: 4 per key and head); the final
