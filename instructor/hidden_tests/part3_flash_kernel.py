@@ -10,6 +10,9 @@ OUTPUTS = [
     C.KernelCase(nq=150, nk=90, d=32, block_rows=48, block_cols=24, seed=24, q_mult=20.0),  # peaked
     C.KernelCase(lead=(3,), nq=48, nk=48, d=16, causal=True, block_rows=16, block_cols=32, seed=25),
     C.KernelCase(nq=65, nk=129, d=8, block_rows=64, block_cols=64, seed=26),
+    # peaked rows spanning hundreds: only the running max keeps exp in range (a fixed shift does not)
+    C.KernelCase(nq=90, nk=300, d=16, causal=True, block_rows=32, block_cols=48, seed=42, q_mult=100.0),
+    C.KernelCase(lead=(2,), nq=40, nk=160, d=32, block_rows=16, block_cols=32, seed=43, q_mult=60.0),
 ]
 DRAM = [
     C.KernelCase(nq=120, nk=120, d=16, block_rows=40, block_cols=24, seed=27),
