@@ -660,3 +660,69 @@ def test_indexed_accumulations_count_as_elementwise_work():
     assert work(lambda x, y: x.scatter(1, idx.expand(4, 8), 2.0, reduce="multiply")) == 2 * 32  # (a Tensor src: deprecated)
     assert work(lambda x, y: x.index_put((torch.tensor([0, 1]),), y[:2])) == 0
     assert work(lambda x, y: x.scatter(1, idx.expand(4, 8), y)) == 0
+
+
+def test_a_call_that_changes_its_input_in_place_fails_with_what_it_did():
+    """An uncatalogued student bug: `q.reshape(...).mul_(scale)` scaled the caller's q through a view. The
+    output was right (20/20), the caller's q was not. The replay's copy of each input keeps its version
+    counter: an in-place op on it or any view of it shows, and its values decide."""
+    from autograder.engine.checks import CheckFailure
+
+    def scales_its_input(q):
+        q.reshape(-1).mul_(0.5)
+        return q.sum()
+
+    def scales_a_copy(q):
+        q = q.clone()
+        q.reshape(-1).mul_(0.5)
+        return q.sum()
+
+    def writes_the_same_values(q):
+        q.mul_(1.0)
+        return q.sum()
+
+    q = torch.randn(3, 4)
+    for fn, changed in ((scales_its_input, True), (scales_a_copy, False), (writes_the_same_values, False)):
+        rp = R.record_and_replay(fn, q)
+        if changed:
+            with pytest.raises(CheckFailure, match="leaves its inputs unchanged") as e:
+                R.check_inputs_kept(rp, [q], fn.__name__)
+            assert e.value.kind == "mutation" and "1st tensor argument" in e.value.detail
+        else:
+            R.check_inputs_kept(rp, [q], fn.__name__)
+
+
+def test_memory_the_code_never_wrote_is_nan_in_the_replay_and_said_so():
+    """torch.empty's memory is garbage: the replay fills it with a NaN of its own (not 0, which let rows a
+    forward never wrote pass where 0 was the answer), and a failed check says which elements were never
+    written instead of guessing at a missing -inf guard."""
+    from autograder.engine.checks import HINT_UNWRITTEN, CheckFailure, check_close
+
+    def writes_half(x):
+        out = torch.empty(4, dtype=x.dtype)
+        out[:2] = x[:2] * 2
+        return out
+
+    x = torch.randn(4)
+    rp = R.record_and_replay(writes_half, x)
+    assert torch.isnan(rp.result[2:]).all() and R.unwritten(rp.result).tolist() == [False, False, True, True]
+    with pytest.raises(CheckFailure) as e:
+        check_close(rp.result, torch.cat([x[:2] * 2, torch.zeros(2)]).double(), what="out", atol=1e-6)
+    assert "2 of them never written" in e.value.detail and e.value.observed == HINT_UNWRITTEN
+    assert HINT_UNWRITTEN in e.value.message()
+    assert not R.unwritten(torch.full((3,), float("nan"))).any()  # an ordinary NaN is not the replay's
+
+
+def test_a_failed_value_that_holds_another_expected_value_says_so():
+    """dK and dV swapped, or k and v written into one buffer: the failed value equals another quantity the
+    check knows (check_close's `others`), and the feedback says so before any hint."""
+    from autograder.engine.checks import CheckFailure, check_close
+
+    dk, dv = torch.randn(5, 3).double(), torch.randn(5, 3).double()
+    with pytest.raises(CheckFailure) as e:
+        check_close(dv.float(), dk, what="dk", others={"the values expected of dv": dv}, hint="a hint")
+    assert e.value.observed.startswith("it holds the values expected of dv instead")
+    assert e.value.message().splitlines()[-1].startswith("hint: it holds the values expected of dv")
+    with pytest.raises(CheckFailure) as e:
+        check_close(dk.float() + 1, dk, what="dk", others={"the values expected of dv": dv})
+    assert e.value.observed is None

@@ -33,8 +33,12 @@ class CheckFailure(AssertionError):
     def __init__(self, what: str, *, detail: str = "", inputs: Mapping[str, Any] | None = None,
                  max_abs: float | None = None, max_rel: float | None = None, index: tuple | None = None,
                  expected_value: float | None = None, actual_value: float | None = None,
-                 allowed: str | None = None, hint: str | None = None, kind: str = "check") -> None:
+                 allowed: str | None = None, hint: str | None = None, kind: str = "check",
+                 observed: str | None = None) -> None:
         self.what, self.detail, self.hint, self.kind = what, detail, hint, kind
+        # what the failed value itself shows (memory never written, another expected output's values):
+        # said before any hint, and kept when a diagnosis replaces the hint
+        self.observed = observed
         self.inputs = describe_inputs(inputs or {})
         self.max_abs, self.max_rel, self.index = max_abs, max_rel, index
         self.expected_value, self.actual_value, self.allowed = expected_value, actual_value, allowed
@@ -57,13 +61,15 @@ class CheckFailure(AssertionError):
             lines.append(f"max abs error {self.max_abs:.3g}{at}{vals}{rel}")
         if self.allowed:
             lines.append(f"allowed: {self.allowed}")
-        if self.hint:
-            lines.append(f"hint: {self.hint}")
+        hint = join_hints(self.observed, self.hint)
+        if hint:
+            lines.append(f"hint: {hint}")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {
-            "what": self.what, "hint": self.hint, "kind": self.kind, "inputs": self.inputs,
+            "what": self.what, "hint": join_hints(self.observed, self.hint) or None, "kind": self.kind,
+            "inputs": self.inputs,
             "detail": self.detail or None, "max_abs_err": _num(self.max_abs), "max_rel_err": _num(self.max_rel),
             "index": None if self.index is None else list(self.index), "allowed": self.allowed,
         }
@@ -148,10 +154,53 @@ def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(idx))
 
 
+HINT_UNWRITTEN = ("elements that were never written: they hold the memory torch.empty (new_empty, empty_like) "
+                  "returned, which is garbage (NaN in the grader's replay): write every element, e.g. o = 0 and "
+                  "lse = -inf for rows that no key reaches, or start from torch.zeros / torch.full")
+
+
+def _never_written(actual: torch.Tensor, where: torch.Tensor) -> int:
+    """How many elements of `actual` at `where` hold the replay's 'never written' value (replay.unwritten)."""
+    from .replay import unwritten  # (the replay fills what torch.empty returns; a plain tensor has none)
+
+    try:
+        return int((unwritten(actual) & where).sum())
+    except (RuntimeError, TypeError):
+        return 0
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b (float64) agree to float32 rounding (NaN with NaN, the same infinities)."""
+    if a.shape != b.shape:
+        return False
+    fin = torch.isfinite(b)
+    if not bool(((torch.isnan(a) == torch.isnan(b)) & (torch.isinf(a) == torch.isinf(b))).all()):
+        return False
+    if bool((torch.isinf(b) & (a != b)).any()):
+        return False
+    if not bool(fin.any()):
+        return True
+    scale = float(b[fin].abs().max()) + 1.0
+    return float((a - b)[fin].abs().max()) <= 1e-5 * scale
+
+
+def _holds_other(actual: torch.Tensor, expected: torch.Tensor, others: Mapping[str, torch.Tensor] | None) -> str | None:
+    """'it holds <description>' when the failed value equals one of `others` (and that one is not itself
+    the expected value)."""
+    for name, other in (others or {}).items():
+        if not isinstance(other, torch.Tensor) or other.shape != actual.shape:
+            continue
+        o = other.detach().to(actual.dtype)
+        if _same(actual, o) and not _same(expected, o):
+            return f"it holds {name} instead: two outputs swapped, or one tensor written for both?"
+    return None
+
+
 def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
                 inputs: Mapping[str, Any] | None = None, plain: torch.Tensor | None = None,
                 factor: float = 2.0, atol: float | None = None, rtol: float | None = None,
-                hint: str | None = None, dtype: torch.dtype | None = None) -> None:
+                hint: str | None = None, dtype: torch.dtype | None = None,
+                others: Mapping[str, torch.Tensor] | None = None) -> None:
     """Check a student's tensor against the float64 reference `expected`.
 
     - type: `actual` must be a torch.Tensor (results are rebuilt from raw bytes in the judge, so
@@ -164,6 +213,9 @@ def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
     - values: with `plain`, max|actual-expected| <= factor·max|plain-expected| + atol; else
       |actual-expected| <= atol + rtol·|expected| elementwise. atol defaults to FLOAT64_ATOL for
       float64 results and DEFAULT_ATOL otherwise; rtol to 0.
+    A failure says what the value itself shows (CheckFailure.observed): elements the code never wrote
+    (replay.unwritten), or, with `others` ({description: tensor}), that it holds one of those instead
+    (another output's expected value, another input: swapped outputs, one buffer for two).
     """
     if not isinstance(expected, torch.Tensor):
         expected = torch.tensor(expected, dtype=torch.float64)
@@ -189,9 +241,13 @@ def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
         i = _index(int(bad.reshape(-1).nonzero()[0]), shape)
         got, want = a[i].item(), e[i].item()
         n_bad = int(bad.sum())
+        detail = f"at {list(i)} expected {want}, got {got}"
+        never = _never_written(actual, bad)
+        if never:
+            detail += f"; {never} of them never written"
         raise CheckFailure(what, detail=f"{n_bad} element(s) non-finite where they should not be (or the reverse): "
-                           f"at {list(i)} expected {want}, got {got}", inputs=inputs, hint=hint, kind="nonfinite",
-                           index=i)
+                           f"{detail}", inputs=inputs, hint=hint, kind="nonfinite", index=i,
+                           observed=HINT_UNWRITTEN if never else _holds_other(a, e, others))
     finite = torch.isfinite(e)
     diff = torch.where(finite, (a - e).abs(), torch.zeros((), dtype=torch.float64))
     if diff.is_complex():
@@ -235,7 +291,7 @@ def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
     raise CheckFailure(what, inputs=inputs, max_abs=max_abs if plain is not None else float(diff[i]),
                        max_rel=max_rel, index=i, expected_value=float(e[i].real if e.is_complex() else e[i]),
                        actual_value=float(a[i].real if a.is_complex() else a[i]), allowed=allowed, hint=hint,
-                       kind="mismatch")
+                       kind="mismatch", observed=_holds_other(a, e, others))
 
 
 def judge_settings(max_examples: int = 25, **overrides: Any):

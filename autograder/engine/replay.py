@@ -965,10 +965,35 @@ def _run(op: _Op, a: list, kw: dict, trusted: dict) -> Any:
                             "graded code must not compute indices or shapes from the values of its inputs",
                             "data_dependent") from None
     if info.empty and type(result) is torch.Tensor:
-        result.zero_()  # uninitialised memory would make the replay nondeterministic
+        fill_unwritten(result)  # uninitialised memory would make the replay nondeterministic
     if info.scalar_out:
         _check_branch(op, result)
     return result
+
+
+# What torch.empty holds in the replay: a NaN with a payload of its own in floating tensors (code that
+# reads memory it never wrote fails, whatever the machine's memory held, and a check can say so:
+# `unwritten`), 0 in integer and bool ones. The same bits as an integer of the same width.
+_UNWRITTEN_BITS = {torch.float64: (torch.int64, 0x7FF80000DEADBEEF), torch.float32: (torch.int32, 0x7FC0DEAD),
+                   torch.float16: (torch.int16, 0x7E5B), torch.bfloat16: (torch.int16, 0x7FDB)}
+
+
+def fill_unwritten(t: torch.Tensor) -> None:
+    """Fill a tensor fresh from an empty op with the replay's 'never written' value."""
+    bits = _UNWRITTEN_BITS.get(t.dtype)
+    if bits is None:
+        t.zero_()
+    else:
+        t.view(bits[0]).fill_(bits[1])
+
+
+def unwritten(t: torch.Tensor) -> torch.Tensor:
+    """Where t holds the replay's 'never written' value (bool, t's shape): memory from torch.empty that the
+    code never wrote, copied or viewed as it was."""
+    bits = _UNWRITTEN_BITS.get(t.dtype)
+    if bits is None or t.is_complex():
+        return torch.zeros(t.shape, dtype=torch.bool)
+    return t.detach().view(bits[0]) == bits[1]
 
 
 def _real_pass(ops: list, base: dict[int, Any], record: dict, const_refs: set[int], trusted: dict,
@@ -1402,6 +1427,38 @@ def check_twin(rp: Replayed, reference: Callable[..., Any], *, fn: str) -> None:
                                 "computed for")
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and values, NaN equal to NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    same = a == b
+    if a.is_floating_point():
+        same |= torch.isnan(a) & torch.isnan(b)
+    return bool(same.all())
+
+
+_ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
+
+
+def check_inputs_kept(rp: Replayed, inputs: list[torch.Tensor], fn: str) -> None:
+    """A graded function leaves its inputs as they were: the caller still holds them (q scaled in place
+    through a view, `q.reshape(...).mul_(scale)`, is a bug the output alone does not show). Measured
+    in the replay: each input is the judge's copy (rp.inputs), and an in-place op on it or on any
+    view of it bumps its version counter; the values then decide."""
+    from .checks import CheckFailure
+
+    for i, (mine, given) in enumerate(zip(rp.inputs, inputs)):
+        if mine._version and not _same_values(mine.detach(), given.detach()):
+            nth = _ORDINAL.get(i + 1, f"{i + 1}th")
+            raise CheckFailure(
+                f"{fn} leaves its inputs unchanged", kind="mutation",
+                detail=f"its {nth} tensor argument, of shape {tuple(given.shape)}, holds other values after the "
+                       f"call: an in-place op wrote into it",
+                hint="an in-place op (mul_, add_, copy_, masked_fill_, index assignment x[...] = ...) on an input, "
+                     "or on a view of one (reshape, view, transpose and slicing return views), changes the "
+                     "caller's tensor: compute into new tensors (x = x * scale, not x.mul_(scale))")
+
+
 def _flat_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return [t for t in tree_flatten([list(args), kwargs])[0] if isinstance(t, torch.Tensor)]
 
@@ -1446,6 +1503,7 @@ def _replay_record(student: Any, record: Any, fn: str, args: tuple, kwargs: dict
         rp = replay(record, main_inputs, part=getattr(student, "part", None), budget=budget, **replay_kw)
     except ReplayRefused as exc:
         raise CheckFailure(f"{fn} replays in the judge", detail=str(exc), kind="replay", hint=hint) from None
+    check_inputs_kept(rp, main_inputs, fn)
     # The twin only where the replay on the recorded inputs is (loosely) right: a plainly wrong result
     # fails the test's own value checks, with their diagnosis of the bug.
     if reference is None or (seed is None and twin_inputs is None):

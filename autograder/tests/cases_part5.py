@@ -709,10 +709,11 @@ def check_cache_unit(student, case: UnitCase) -> None:
         vs.append(v)
         if layer == 0:
             layer0 += k.shape[2]
-        for name, got, parts in (("k_all", k_all, ks), ("v_all", v_all, vs)):
+        for name, got, parts, other in (("k_all", k_all, ks, ("v_new", vs)), ("v_all", v_all, vs, ("k_new", ks))):
             want = torch.cat(parts, dim=2)
             check_close(got, want, what=f"{name} returned by update #{n} (layer {layer})", inputs=inputs,
-                        atol=0.0, rtol=0.0, dtype=DTYPES[case.dtype], hint=HINT_UPDATE)   # a copy: exact
+                        atol=0.0, rtol=0.0, dtype=DTYPES[case.dtype], hint=HINT_UPDATE,   # a copy: exact
+                        others={f"the {other[0]} values passed so far": torch.cat(other[1], dim=2)})
         what = f"cache.length after update #{n} (layer {layer})"
         check_length_type(res["lengths"][n], what=what, inputs=inputs)
         check(res["lengths"][n] == layer0, what=what,

@@ -55,6 +55,8 @@ HINT_NOT_NORMALISED = ("o is not normalised: divide acc by ℓ once at the end, 
                        "it does not drop it) (§5.1)")
 HINT_SCALE_TWICE = "the softmax scale is applied twice: S = scale · q kᵀ, once (e.g. scale q OR S, not both)"
 HINT_SCALE = "scores must be scaled: S = scale · q kᵀ, and scale=None means 1/√d (handout conventions)"
+HINT_SCALE_ONE_OVER_D = ("the scores are scaled by 1/d, not 1/√d: scale=None means 1/√d (handout conventions); "
+                         "or 1/√d is applied twice (scale q OR S, once)")
 HINT_NEGINF_GUARD = ("NaN in rows that can attend to no key: guard exp(-inf - (-inf)) and ℓ = 0 so such rows "
                      "get o = 0, lse = -inf (§4.4)")
 HINT_NAN = ("NaN/inf in rows that do attend keys: subtract the running max before exp (§4.2) and rescale "
@@ -328,9 +330,9 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
     other_scale = 1.0 if scale is None else 1.0 / math.sqrt(d)  # scale forgotten / scale argument ignored
     out["wrong_scale"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), other_scale)[:2], HINT_SCALE)
     sc = _scale(q, scale)
-    out["scale_twice"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), sc * sc)[:2], HINT_SCALE_TWICE)
-    if scale is None:
-        out["scale_one_over_d"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), 1.0 / d)[:2], HINT_SCALE)
+    # with scale=None, (1/√d)² = 1/d: the scale applied twice and 1/d for 1/√d give the same output
+    out["scale_twice"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), sc * sc)[:2],
+                          HINT_SCALE_TWICE if scale is not None else HINT_SCALE_ONE_OVER_D)
     out["lse_unscaled"] = (o, masked_attention(q, k, v, _mask(nq, nk, causal), 1.0)[1], HINT_UNSCALED_LSE)
     l = torch.exp(log_l)  # ℓ = Σ_j exp(S_ij - m): o left unnormalised is o·ℓ
     out["not_normalised"] = (torch.where(torch.isneginf(lse), 0.0, l).unsqueeze(-1) * o, lse, HINT_NOT_NORMALISED)

@@ -46,6 +46,9 @@ class Rung:
     implies: str
     # per-output refinements: {frozenset of wrong outputs: text}, checked before `implies`
     refine: dict[frozenset, str] = field(default_factory=dict)
+    # what a first failure here proves when the error is NOT confined to the rows this rung adds (rows
+    # that see no key, say): `implies` speaks of those rows only and would name the wrong cause
+    outside: str | None = None
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Finding:
     outputs: Any = None  # what the student returned on the failed rung
     inputs: Any = None  # the inputs of the failed rung
     expected: Any = None  # the expected outputs there, where the ladder keeps them
+    outside: bool = False  # the error reaches beyond the rows the failed rung adds (Rung.outside)
 
     def message(self) -> str:
         if self.failed is None:
@@ -67,6 +71,8 @@ class Finding:
         if self.raised:
             return f"{before}raises with {self.failed.label} ({self.raised}): {self.failed.implies}"
         which = " and ".join(self.wrong) + " wrong"
+        if self.outside and self.failed.outside:
+            return f"{before}wrong with {self.failed.label} ({which}, in rows that do see keys): {self.failed.outside}"
         text = self.failed.refine.get(frozenset(self.wrong), self.failed.implies)
         return f"{before}wrong with {self.failed.label} ({which}): {text}"
 
@@ -97,8 +103,10 @@ def climb(rungs: list[Rung], run_one: Callable[[Rung], tuple[list[str], Any, Any
             said = e.what if hidden else e.what + (f": {e.detail}" if e.detail else "")
             return Finding(passed, rung, [], raised=said)
         if wrong:
+            outside = OUTSIDE in wrong
+            wrong = [w for w in wrong if w != OUTSIDE]
             return Finding(passed, rung, wrong, outputs=outputs, inputs=inputs,
-                           expected=expected[0] if expected else None)
+                           expected=expected[0] if expected else None, outside=outside)
         passed.append(rung)
     return Finding(passed, None, [])
 
@@ -112,6 +120,9 @@ def in_hidden_test(student: Any) -> bool:
     """Inside a hidden test the checks need no probes: its verdict is uniform and shows the hint of its
     diagnosis, which runs the ladders before the first hidden test (runner.GradingPlugin.run_diagnoses)."""
     return getattr(student, "test_set", None) == "hidden"
+
+
+OUTSIDE = "(outside)"  # in run_one's wrong outputs: the error reaches rows the rung does not add (Rung.outside)
 
 
 def _climb(student: Any, rungs: list[Rung], run_one: Callable[[Rung], tuple]) -> Finding:
@@ -173,7 +184,11 @@ FORWARD_RUNGS = [
     Rung("causal with Nq > Nk (Nq 64, Nk 40: rows that see no key, one Q block half of them)",
          dict(nq=64, nk=40, bq=16, bk=8, causal=True),
          "rows that attend no key (causal, Nq > Nk): guard exp(-inf - (-inf)) and ℓ = 0 so they get o = 0, "
-         "lse = -inf and no NaN (§4.4); the offset Nk - Nq is negative here"),
+         "lse = -inf and no NaN (§4.4); the offset Nk - Nq is negative here",
+         outside="a K/V block can hold none of a row's keys although earlier blocks did (a block crossing the "
+                 "diagonal; block_k < block_q here): its row max is -inf, so the running max must stay "
+                 "m = max(m_old, rowmax S) (not the tile's own max), and that row's ℓ and acc stay as they were "
+                 "(α = 1, P̃ = 0; no exp(-inf - (-inf))) (§5.1, §6.2)"),
     Rung("causal, ragged, block_q ≠ block_k (Nq 56, Nk 72, block_q 32, block_k 16)",
          dict(nq=56, nk=72, bq=32, bk=16, causal=True),
          "causal skipping with ragged blocks and an offset Nk - Nq that is not a multiple of the blocks: the last "
@@ -205,7 +220,28 @@ def _wrong_forward(o, lse, q, k, v, causal, scale) -> list[str]:
     ref_o, ref_lse = attention_reference(q, k, v, causal, scale)
     plain_o, plain_lse = attention_plain(q, k, v, causal, scale)
     f = tol.FORWARD_FACTOR
-    return [n for n, a, e, p in (("o", o, ref_o, plain_o), ("lse", lse, ref_lse, plain_lse)) if not _close(a, e, p, f)]
+    wrong = [n for n, a, e, p in (("o", o, ref_o, plain_o), ("lse", lse, ref_lse, plain_lse)) if not _close(a, e, p, f)]
+    if wrong and causal and _wrong_where_keys_are_seen(o, lse, ref_o, ref_lse, q.shape[-2], k.shape[-2]):
+        wrong.append(OUTSIDE)
+    return wrong
+
+
+def _wrong_where_keys_are_seen(o, lse, ref_o, ref_lse, nq: int, nk: int) -> bool:
+    """Whether o or lse is off (beyond float32 rounding) in a row that sees at least one key (bottom-right
+    causal): the error is not only in the rows that see none."""
+    seen = torch.arange(nq) + (nk - nq) >= 0  # (Nq,)
+    for a, e, row_dim in ((o, ref_o, -2), (lse, ref_lse, -1)):
+        if not isinstance(a, torch.Tensor) or a.shape != e.shape or not a.numel():
+            continue
+        a64, e64 = a.detach().double(), e.detach().double()
+        both_inf = torch.isinf(a64) & torch.isinf(e64) & (a64 == e64)
+        err = torch.where(both_inf, torch.zeros_like(a64), (a64 - e64).abs()).nan_to_num(math.inf)
+        bad = err > 1e-5 * (1.0 + e64.abs().nan_to_num(0.0, 0.0, 0.0))
+        dim = row_dim % bad.dim()
+        rows = bad.movedim(dim, 0).reshape(bad.shape[dim], -1).any(1)
+        if bool((rows & seen).any()):
+            return True
+    return False
 
 
 def _pair(result: Any) -> tuple[Any, Any]:
