@@ -44,7 +44,7 @@ from . import diagnose as dg
 from . import liveness
 from .cases_part2 import (KEY_SIDE, QUERY_SIDE, VALUE_SIDE, AttnCase, check_key_extents, check_no_hand_made_products,
                           check_tiles_live, check_trace_common, close_or_diagnose, dead_flops, forward_flops,
-                          matmul_flops_defined, separates)
+                          computed_scores_bounds, matmul_flops_defined, separates)
 
 HINT_BWD_FEWER = ("fewer matmul FLOPs than 2.5× the forward: per visible (Q block, K/V block) pair the backward "
                   "does 5 tile matmuls, S = scale·Q Kᵀ (recomputed), dV += Pᵀ dO, dP = dO Vᵀ, dQ += dS K, "
@@ -85,10 +85,12 @@ def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str
     inputs = case.shown(q, k, v, do=do)
     diag = dict(causal=case.causal, block_q=case.block_q, block_k=case.block_k, scale=case.scale, where=not hidden,
                 student=student)
-    for name, actual, exp, pl in zip(("dq", "dk", "dv"), (dq, dk, dv), expected, plain):
+    names = ("dq", "dk", "dv")
+    for name, actual, exp, pl in zip(names, (dq, dk, dv), expected, plain):
+        others = {f"the values expected of {n}": e for n, e in zip(names, expected) if n != name}
         close_or_diagnose(
             actual, exp, what=f"{name} of {fn} against torch autograd of float64 attention", inputs=inputs,
-            plain=pl, factor=tol.GRADIENT_FACTOR,
+            plain=pl, factor=tol.GRADIENT_FACTOR, others=others,
             diagnose=lambda bound, a=actual, n=name: dg._compose(
                 hint, dg.diagnose_backward(a, n, q, k, v, o64, lse64, do, tol=bound, **diag)))
 
@@ -122,19 +124,14 @@ def check_masked_rows_grads(student, case: AttnCase) -> None:
 def backward_flops_bounds(case: AttnCase) -> tuple[int, int]:
     """(fewest, most) matmul FLOPs of a correct tiled backward.
 
-    Per computed (rows × keys) tile the backward does 5 matmuls of 2·r·c·d (§7.2), 10·r·c·d in all.
-    Fewest: the tightest legal causal skipping computes only the scores a query can see, i.e. per
-    K/V block only the rows from the first one that sees it (unaligned tiles), at most Σ_i visible(i)
-    keys per row: 10·d·Σ_i visible(i). Most: whole-block skipping as in the forward (2.5× its
-    FLOPs), plus D_i = dO_i · O_i written as a matmul (einsum, a batched (1×d)·(d×1) product), which
-    adds 2·Nq·d per (batch, head). Non-causal, the two agree up to that D term."""
+    Per computed score the backward does 5 matmuls of 2·d (§7.2), 10·d in all, over the scores a
+    correct tiled attention computes (cases_part2.computed_scores_bounds: from the visible ones, the
+    tightest legal causal skipping, to whole-block skipping on any grid of blocks); most also allows
+    D_i = dO_i · O_i written as a matmul (einsum, a batched (1×d)·(d×1) product), 2·Nq·d per (batch,
+    head). Non-causal, the two agree up to that D term."""
     batch = math.prod(case.lead)
-    if case.causal:
-        visible = sum(max(0, min(case.nk, i + 1 + case.nk - case.nq)) for i in range(case.nq))
-    else:
-        visible = case.nq * case.nk
-    fewest = 10 * batch * case.d * visible
-    return fewest, 5 * forward_flops(case) // 2 + 2 * batch * case.nq * case.d
+    fewest, most = computed_scores_bounds(case)
+    return 10 * batch * case.d * fewest, 10 * batch * case.d * most + 2 * batch * case.nq * case.d
 
 
 def backward_flops_hint(actual: int, expected: int, full: int) -> str:
