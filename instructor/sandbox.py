@@ -81,6 +81,12 @@ def secret_paths() -> list[Path]:
     return out
 
 
+# /proc files of machine-wide counters that a worker could both move and read (forks since boot and
+# context switches in /proc/stat, memory in use): a channel from one worker to a later one, a hidden
+# test's worker to a shown one's. Unreadable in both sandboxes; workers start no thread or process.
+HIDDEN_PROC = ("/proc/stat", "/proc/meminfo", "/proc/loadavg", "/proc/vmstat")
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """What the launcher sets (the engine sets memory, CPU time and file size itself)."""
@@ -396,6 +402,10 @@ class Sandbox:
                 argv.extend(["--symlink", target, link])
                 made.add(link)
         argv += ["--proc", "/proc", "--dev", "/dev"]
+        # the machine-wide counters of a fresh /proc (forks since boot, context switches, memory in
+        # use) are no namespace's: one worker could leave hidden inputs in them for a later one to read
+        for counters in HIDDEN_PROC:
+            argv += ["--ro-bind", "/dev/null", counters]
         if server:
             # a file left anywhere but the scratch tmpfs would outlive its worker: all else read-only
             # (the remounts last, over everything made above; /dev keeps its device nodes usable)
@@ -451,8 +461,9 @@ def landlock_read_paths(binds: Sequence[Path]) -> list[str]:
     system = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
               "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime",
               # of /proc only the worker's own process (the rule is added by the worker itself, so
-              # /proc/self is its own folder) and the machine's counters: no other process's cmdline
-              "/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat",
+              # /proc/self is its own folder) and the CPU description: no other process's cmdline, and
+              # not the machine-wide counters (HIDDEN_PROC)
+              "/proc/self", "/proc/cpuinfo",
               "/sys/devices/system/cpu", "/sys/fs/cgroup", "/dev/null", "/dev/zero", "/dev/urandom",
               "/dev/random"]
     return [*(str(b) for b in binds), *(p for p in system if os.path.exists(p))]

@@ -517,3 +517,44 @@ def test_a_reply_of_many_small_values_is_refused_before_it_is_parsed(probe, tmp_
     message = oks[0]["message"]
     assert "more than the 8,192 a reply may hold" in message and "\n" not in message, message
     assert by_name(report)["test_add"]["outcome"] == "passed"  # the next call gets a fresh worker
+
+
+def test_a_worker_starts_no_thread_once_student_code_can_run(probe, tmp_path):
+    """Starting threads moves machine-wide counters (the next PID, the kernel's count of forks in /proc/stat)
+    that a later worker can read: an outside attacker's hidden-test worker encoded the hidden inputs'
+    shapes in how many threads it started, and a shown worker of the next submission printed them. The
+    worker refuses new threads before any student code runs (confine.refuse_threads); the scenarios that
+    run student code in a thread take one of the spares it made first (scenarios/threads.py)."""
+    threads = BENIGN_PROBE.replace("def ok():\n    return 1.5\n", textwrap.dedent("""
+        def ok():
+            import threading
+            try:
+                threading.Thread(target=lambda: None).start()
+            except RuntimeError:
+                return 1.5  # refused
+            return 0.0
+        """))
+    sub = write(tmp_path / "sub", {"probe.py": threads, "other.py": OTHER_OK})
+    report = run(probe, sub, parts=[1])
+    oks = [t for name, t in by_name(report).items() if name.startswith("test_call[ok")]
+    assert oks and all(t["outcome"] == "passed" for t in oks), oks
+
+
+def test_spare_threads_run_jobs_and_refuse_when_all_are_busy():
+    import threading
+
+    from autograder.scenarios import threads
+
+    old = threads._jobs, threads._idle
+    try:
+        threads._jobs, threads._idle = None, 0
+        threads.start(1)
+        done, hold = threading.Event(), threading.Event()
+        threads.run(done.set)
+        assert done.wait(5)
+        threads.run(hold.wait)  # a job that keeps its thread ...
+        with pytest.raises(RuntimeError, match="every spare thread"):
+            threads.run(done.set)  # ... leaves none for the next
+        hold.set()
+    finally:
+        threads._jobs, threads._idle = old

@@ -141,6 +141,33 @@ def install_seccomp(bpf: bytes) -> None:
         raise _err("installing the seccomp filter")
 
 
+# clone and clone3 per architecture (the sandbox's full filter is instructor/sandbox.py's; this one
+# only stacks on it): AUDIT_ARCH_*, clone, clone3
+_CLONE_NR = {"x86_64": (0xC000003E, 56, 435), "aarch64": (0xC00000B7, 220, 435)}
+
+
+def refuse_threads() -> bool:
+    """Stack a seccomp filter that refuses every new thread (clone: EAGAIN, clone3: ENOSYS) on this
+    process for the rest of its life. A worker computes on one torch thread; a thread it could start
+    is a write to machine-wide counters (the kernel's count of forks in /proc/stat, the next PID)
+    that a later worker could read: hidden inputs encoded in how many threads were started. Returns
+    False where there is no syscall table for this machine (nothing installed)."""
+    import platform
+
+    entry = _CLONE_NR.get(platform.machine())
+    if entry is None or sys.byteorder != "little" or not sys.platform.startswith("linux"):
+        return False
+    arch, clone, clone3 = entry
+    allow, errno_ret = 0x7FFF0000, 0x00050000
+    prog = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, allow),  # another ABI: the outer filter's
+            (0x20, 0, 0, 0),
+            (0x15, 0, 1, clone3), (0x06, 0, 0, errno_ret | 38),  # ENOSYS
+            (0x15, 0, 1, clone), (0x06, 0, 0, errno_ret | 11),  # EAGAIN
+            (0x06, 0, 0, allow)]
+    install_seccomp(b"".join(struct.pack("=HBBI", *ins) for ins in prog))
+    return True
+
+
 def apply(cfg: dict) -> None:
     """All confinement steps of `cfg` (see the module docstring), in order. Sets HOME/TMPDIR to the
     scratch folder when there is one."""

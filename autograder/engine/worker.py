@@ -149,6 +149,9 @@ def _seed_generators() -> None:
         np.random.seed(0)
 
 
+SPARE_THREADS = 4  # a part-1 counted call runs in one; one its code never lets go of is lost
+
+
 def main() -> None:
     proto_in, proto_out = _setup_fds()
     header, _ = protocol.read_frame(proto_in)
@@ -170,6 +173,13 @@ def main() -> None:
     import gc
 
     gc.freeze()  # torch's objects: no collection walks them again (a forked worker inherits the zygote's)
+    if int(cfg.get("threads", 1)) == 1:  # one torch thread: no new thread from here on (confine.py)
+        from autograder.scenarios import threads
+
+        from . import confine
+
+        threads.start(SPARE_THREADS)  # what scenarios may run student code in (scenarios/threads.py)
+        confine.refuse_threads()
     student = WorkerStudent(cfg["modules"])
     protocol.write_frame(proto_out, {"ok": True, "ready": True, "pid": os.getpid(),
                                      "startup_s": time.perf_counter() - started})

@@ -1,6 +1,6 @@
 """Part 1 scenarios (run in the worker): the *_counted softmaxes, with reads the JUDGE counts.
 
-The values stay in the judge. The student's function runs in a thread of the worker on a
+The values stay in the judge. The student's function runs in a spare thread of the worker (threads.py) on a
 LazyCounter that holds no values: a read of an element whose block (BLOCK consecutive elements,
 aligned) is not at hand ends the current scenario call with {"need": block index}; the judge answers
 with the values of that block in the next call (counted_feed) and counts every element it delivers.
@@ -14,10 +14,11 @@ rebase test uses a plain course.counting.ReadCounter (`counted`).
 from __future__ import annotations
 
 import queue
-import threading
 from typing import Any
 
 from course.counting import ReadCounter
+
+from . import threads
 
 COUNTED = {"naive": "naive_softmax_counted", "safe": "safe_softmax_counted", "online": "online_softmax_counted"}
 BLOCK = 256  # elements per delivery (the judge uses the same constant): 16 requests a pass at n = 4096
@@ -48,6 +49,8 @@ class LazyCounter(ReadCounter):
         if b != self._block or i not in self._unread:
             self._ask.put(("need", b))
             self._values_at = self._answers.get()
+            if self._values_at is _ABANDONED:
+                raise _Abandoned()
             self._block, self._unread = b, set(range(b * BLOCK, b * BLOCK + len(self._values_at)))
         self._unread.discard(i)
         self.reads += 1
@@ -59,6 +62,11 @@ class LazyCounter(ReadCounter):
 
 
 _SESSION: dict[str, Any] = {}
+_ABANDONED = object()  # what a suspended call gets when a new one starts: it ends, giving back its thread
+
+
+class _Abandoned(BaseException):
+    """Ends a counted call the judge no longer feeds (BaseException: `except Exception` lets it through)."""
 
 
 def _next_event() -> dict[str, Any]:
@@ -84,9 +92,11 @@ def counted_start(student, which: str, n: int) -> dict[str, Any]:
         except BaseException as exc:  # noqa: BLE001 -- re-raised in the scenario call
             ask.put(("error", exc))
 
+    if "answers" in _SESSION:  # a call still waiting for values: end it first
+        _SESSION["answers"].put(_ABANDONED)
     _SESSION.clear()
     _SESSION.update(ask=ask, answers=answers)
-    threading.Thread(target=run, daemon=True).start()
+    threads.run(run)
     return _next_event()
 
 
