@@ -82,3 +82,20 @@ def test_reach_follows_relative_imports():
     assert deps.reach(rubric, 4, sources) == {"flash_backward.py", "flash_forward.py"}
     assert deps.parts_reaching(rubric, {"flash_forward.py"}, sources) == [2, 4]
     assert deps.parts_reaching(rubric, {"online_softmax.py"}, sources) == [1, 6]
+
+
+@pytest.mark.parametrize("line", [
+    "import _graded_submission.flash_decoding as k",
+    "from _graded_submission.flash_decoding import helper",
+    "from _graded_submission import flash_decoding",
+    "import _graded_submission\nk = _graded_submission.flash_decoding",
+    "import importlib\nk = importlib.import_module('_graded_submission.flash_decoding')",
+    "import sys\nk = sys.modules['_graded_submission.flash_decoding']",
+])
+def test_reach_follows_absolute_imports_and_any_mention(line):
+    """An outside attacker's: part 1's file ran flash_decoding.py through `import _graded_submission.
+    flash_decoding`, which reach did not see, and took another submission's part-1 result (engine/reuse.py)
+    although its own flash_decoding.py behaved otherwise. Every mention of a graded module counts."""
+    rubric = load_rubric()
+    sources = {"online_softmax.py": line + "\n", "flash_decoding.py": ""}
+    assert deps.reach(rubric, 1, sources) == {"online_softmax.py", "flash_decoding.py"}

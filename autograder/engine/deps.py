@@ -1,10 +1,10 @@
-"""Which graded files can a part's tests reach? (static, from the relative imports)
+"""Which graded files can a part's tests reach? (static, from every mention of a graded module)
 
 A part's tests reach student code only through the proxy, and the engine only lets them call
 the part's `files` and `uses` (rubric); the worker imports a graded module only when it is called
 or imported by one that is. So part P can only run code from reach(P) = the closure of
-files(P) ∪ uses(P) under the graded files' relative imports. An edit to a file outside reach(P)
-cannot change P's results: the tests are deterministic and the same code runs in the same order.
+files(P) ∪ uses(P) under the graded files' imports of each other (relative or absolute: any mention
+of a graded module's name). An edit to a file outside reach(P) cannot change P's results: the tests are deterministic and the same code runs in the same order.
 """
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from .rubric import Rubric
 
 
 def relative_imports(source: str, graded: set[str]) -> set[str]:
-    """Graded module names imported by `source` (from .x import ..., from . import x, import_module)."""
+    """Graded module names `source` may import: every mention of one, relative or absolute (from .x import
+    ..., from . import x, import <package>.x, <package>.x as an attribute, "x" or "<package>.x" as a
+    string for importlib). Names it computes ("flash" + "_decoding") are the residual (engine/reuse.py)."""
     return set(_relative_imports(source, frozenset(graded)))
 
 
@@ -27,16 +29,18 @@ def _relative_imports(source: str, graded: frozenset[str]) -> frozenset[str]:
         return frozenset()
     found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level >= 1:
-            if node.module:
-                found.add(node.module.split(".")[0])
-            else:
-                found.update(a.name for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            # from .x import ..., from . import x, from <package>.x import ..., from <package> import x
+            found.update((node.module or "").split("."))
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):  # import <package>.x (as ...)
+            for a in node.names:
+                found.update(a.name.split("."))
+        elif isinstance(node, ast.Attribute):  # <package>.x, a module object's attribute
+            found.add(node.attr)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            # a dynamic import by name ("..x" or "x" passed to importlib) still counts
-            name = node.value.lstrip(".")
-            if name in graded:
-                found.add(name)
+            # a dynamic import by name ("..x", "x" or "<package>.x" passed to importlib) still counts
+            found.update(node.value.split("."))
     return frozenset(found & graded)
 
 

@@ -81,6 +81,11 @@ class StudentProxy:
     def scenario(self, target: str, **kwargs: Any) -> Any:
         return self._engine.request(self, "scenario", target, (), kwargs, self._timeout)
 
+    @property
+    def memo(self) -> dict:
+        """Measurements the tests of this grading run share (one submission's; a new run starts empty)."""
+        return self._engine.memo
+
     def shares_state(self) -> None:
         """This test's verdict reads something its own calls did not bring: a measurement another test or
         an earlier grade made and a cache kept. Its pass is then never reused (engine/transcripts.py)."""
@@ -114,6 +119,7 @@ class Engine:
         self.worker_part: int | None = None  # ... and the part
         self.started = time.perf_counter()  # Limits.grade_budget_s counts from here
         self.transcript: transcripts.Transcript | None = None  # the running test's events (transcripts.py)
+        self.memo: dict = {}  # what this run's tests share (StudentProxy.memo); never another run's
 
     def limits_for(self, part: int) -> Limits:
         # rubric defaults < the part's limits in the rubric < explicit overrides of grade()

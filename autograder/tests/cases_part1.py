@@ -45,7 +45,6 @@ here may sum sequentially, so part 1 uses rigorous rounding bounds instead, and 
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -348,19 +347,16 @@ def _merge_case(case: MergeCase, with_v: bool):
     return x, v, (a, b), whole(x, v), (split_summaries(xt, vt, case.split, dt), whole(xt, vt))
 
 
-# (submission text digest, function, designated input) -> streaming.Order
-_ORDERS: dict[tuple[str, str, str], streaming.Order] = {}
-_ORDERS_SIZE = 16
-
-
 def stream_order(student, fn: str, designated: RowsCase) -> streaming.Order:
     """streaming.column_order of online_softmax.<fn> on the designated input, replayed by the judge (its values
     and a twin on judge-drawn inputs must be right: a constant answer has no structure to measure). Once per
-    submission text: every case of a test gates on the same verdict (a `student` without the text, as in the
-    release tests' direct calls, is measured each time)."""
-    source = getattr(student, "source", None)
-    key = (hashlib.sha256(source("online_softmax.py").encode()).hexdigest(), fn, designated.id) if source else None
-    hit = _ORDERS.get(key) if key else None
+    grading run (student.memo: the run's own, never another submission's, whose other graded files may make
+    the same online_softmax.py behave otherwise): every case of a test gates on the same verdict (a `student`
+    without a memo, as in the release tests' direct calls, is measured each time)."""
+    memo = getattr(student, "memo", None)
+    orders = memo.setdefault("stream_order", {}) if memo is not None else None
+    key = (fn, designated.id)
+    hit = orders.get(key) if orders is not None else None
     if hit is not None:
         shares = getattr(student, "shares_state", None)
         if callable(shares):
@@ -375,10 +371,8 @@ def stream_order(student, fn: str, designated: RowsCase) -> streaming.Order:
           detail=f"on x of shape {tuple(x.shape)}: {wrong}", hint=HINTS["summary_l" if fn == "online_summary" else fn],
           inputs=shown)
     order = streaming.column_order(rp)
-    if key:
-        while len(_ORDERS) >= _ORDERS_SIZE:
-            _ORDERS.pop(next(iter(_ORDERS)))  # the oldest entry
-        _ORDERS[key] = order
+    if orders is not None:
+        orders[key] = order
     return order
 
 
