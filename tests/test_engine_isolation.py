@@ -558,3 +558,22 @@ def test_spare_threads_run_jobs_and_refuse_when_all_are_busy():
         hold.set()
     finally:
         threads._jobs, threads._idle = old
+
+
+def test_seccomp_active_tells_a_sandboxed_process_from_a_bare_one():
+    """A worker whose kernel takes no thread filter fails only where a sandbox's filter is already there
+    (worker.main): seccomp_active reads that from /proc/self/status."""
+    import subprocess
+    import sys
+
+    from autograder.engine import confine
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("no /proc")
+    code = ("from autograder.engine import confine; a = confine.seccomp_active(); "
+            "ok = confine.refuse_threads(); print(a, ok and confine.seccomp_active())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(Path(confine.__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr[-500:]
+    before, after = out.stdout.split()
+    assert before == str(confine.seccomp_active()) and after == "True"

@@ -146,6 +146,15 @@ def install_seccomp(bpf: bytes) -> None:
 _CLONE_NR = {"x86_64": (0xC000003E, 56, 435), "aarch64": (0xC00000B7, 220, 435)}
 
 
+def seccomp_active() -> bool:
+    """Whether a seccomp filter already confines this process (a sandbox's: /proc/self/status says 2)."""
+    try:
+        with open("/proc/self/status") as f:
+            return any(line.split(":")[0] == "Seccomp" and line.split()[1] == "2" for line in f)
+    except (OSError, IndexError):
+        return False
+
+
 def refuse_threads() -> bool:
     """Stack a seccomp filter that refuses every new thread (clone: EAGAIN, clone3: ENOSYS) on this
     process for the rest of its life. A worker computes on one torch thread; a thread it could start

@@ -179,7 +179,13 @@ def main() -> None:
         from . import confine
 
         threads.start(SPARE_THREADS)  # what scenarios may run student code in (scenarios/threads.py)
-        confine.refuse_threads()
+        try:
+            confine.refuse_threads()
+        except OSError:
+            # a kernel that takes no filter: fatal under a sandbox (its own filter is there), not for
+            # the unsandboxed local grade of a student's own code
+            if confine.seccomp_active():
+                raise
     student = WorkerStudent(cfg["modules"])
     protocol.write_frame(proto_out, {"ok": True, "ready": True, "pid": os.getpid(),
                                      "startup_s": time.perf_counter() - started})
