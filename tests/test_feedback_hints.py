@@ -39,3 +39,15 @@ def test_hints_say_each_clause_once():
     assert join_hints("wrong with one tile (lse wrong): lse = m + log ℓ", "lse = m + log ℓ") == \
         "wrong with one tile (lse wrong): lse = m + log ℓ"
     assert join_hints("x", "found: x", "y") == "found: x; y"
+
+
+def test_a_shape_error_says_the_sizes_and_names_ragged_blocks_only_where_there_are_blocks():
+    """An uncatalogued bug, combine_partials reducing lse over the wrong dim, got the hint "a ragged last
+    block ... unsqueeze(-1)": neither applies to a function without blocks. The hint now says the sizes
+    torch reported, leads with the wrong reduction dim, and adds the ragged block in tiled functions only."""
+    line = ("The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0 "
+            "(flash_decoding.py:74)")
+    plain = exception_hint(f"combine_partials raised RuntimeError: {line}")
+    tiled = exception_hint(f"flash_forward raised RuntimeError: {line}")
+    assert "sizes 3 and 2 meet along dim 0" in plain and "wrong dim" in plain and "ragged" not in plain
+    assert "ragged last block" in tiled

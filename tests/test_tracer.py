@@ -720,9 +720,22 @@ def test_a_failed_value_that_holds_another_expected_value_says_so():
 
     dk, dv = torch.randn(5, 3).double(), torch.randn(5, 3).double()
     with pytest.raises(CheckFailure) as e:
-        check_close(dv.float(), dk, what="dk", others={"the values expected of dv": dv}, hint="a hint")
+        check_close(dv.float(), dk, what="dk", others={"the values expected of dv instead": dv}, hint="a hint")
     assert e.value.observed.startswith("it holds the values expected of dv instead")
     assert e.value.message().splitlines()[-1].startswith("hint: it holds the values expected of dv")
     with pytest.raises(CheckFailure) as e:
-        check_close(dk.float() + 1, dk, what="dk", others={"the values expected of dv": dv})
+        check_close(dk.float() + 1, dk, what="dk", others={"the values expected of dv instead": dv})
+    assert e.value.observed is None
+
+
+def test_inf_where_a_finite_value_is_expected_is_said_to_be_an_overflow():
+    """An uncatalogued bug, a combine without the max shift (exp(lse_s) for lse_s = 165), got "the probes found
+    no smaller input that fails": the failed value itself shows an overflow."""
+    from autograder.engine.checks import HINT_OVERFLOW, CheckFailure, check_close
+
+    with pytest.raises(CheckFailure) as e:
+        check_close(torch.tensor([1.0, float("inf")]), torch.tensor([1.0, 165.0]).double(), what="lse")
+    assert e.value.observed == HINT_OVERFLOW
+    with pytest.raises(CheckFailure) as e:
+        check_close(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 165.0]).double(), what="lse")
     assert e.value.observed is None

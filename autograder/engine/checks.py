@@ -159,6 +159,10 @@ HINT_UNWRITTEN = ("elements that were never written: they hold the memory torch.
                   "lse = -inf for rows that no key reaches, or start from torch.zeros / torch.full")
 
 
+HINT_OVERFLOW = ("inf where a finite value is expected: an exp that overflowed (float32 holds exp(x) only up to "
+                 "x = 88.7: subtract the max before exp, §4.2) or a division by 0")
+
+
 def _never_written(actual: torch.Tensor, where: torch.Tensor) -> int:
     """How many elements of `actual` at `where` hold the replay's 'never written' value (replay.unwritten)."""
     from .replay import unwritten  # (the replay fills what torch.empty returns; a plain tensor has none)
@@ -186,13 +190,13 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _holds_other(actual: torch.Tensor, expected: torch.Tensor, others: Mapping[str, torch.Tensor] | None) -> str | None:
     """'it holds <description>' when the failed value equals one of `others` (and that one is not itself
-    the expected value)."""
+    the expected value). The description says what instead and what that means."""
     for name, other in (others or {}).items():
         if not isinstance(other, torch.Tensor) or other.shape != actual.shape:
             continue
         o = other.detach().to(actual.dtype)
         if _same(actual, o) and not _same(expected, o):
-            return f"it holds {name} instead: two outputs swapped, or one tensor written for both?"
+            return f"it holds {name}"
     return None
 
 
@@ -245,9 +249,10 @@ def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
         never = _never_written(actual, bad)
         if never:
             detail += f"; {never} of them never written"
+        overflow = bool((bad & torch.isinf(a) & torch.isfinite(e)).any())
+        observed = HINT_UNWRITTEN if never else _holds_other(a, e, others) or (HINT_OVERFLOW if overflow else None)
         raise CheckFailure(what, detail=f"{n_bad} element(s) non-finite where they should not be (or the reverse): "
-                           f"{detail}", inputs=inputs, hint=hint, kind="nonfinite", index=i,
-                           observed=HINT_UNWRITTEN if never else _holds_other(a, e, others))
+                           f"{detail}", inputs=inputs, hint=hint, kind="nonfinite", index=i, observed=observed)
     finite = torch.isfinite(e)
     diff = torch.where(finite, (a - e).abs(), torch.zeros((), dtype=torch.float64))
     if diff.is_complex():

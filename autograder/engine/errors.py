@@ -42,8 +42,9 @@ EXCEPTION_HINTS: tuple[tuple[str, str], ...] = (
      "(m, ℓ, o) = (-inf, 0, 0) and lse = -inf (§4.4)"),
     (r"must match the size of tensor|size mismatch|shapes cannot be multiplied|The size of tensor a|"
      r"mat1 and mat2|cannot be broadcast|could not be broadcast|doesn't match the broadcast shape",
-     "two operands' shapes do not fit at that line: a ragged last block holds fewer than B rows or keys "
-     "(slice it as [start:min(start + B, N)]), and a row statistic needs its trailing dim (unsqueeze(-1))"),
+     "two operands' shapes do not fit at that line: print both shapes. The usual causes here: a reduction over "
+     "the wrong dim (dim=0 vs dim=-1) left the wrong size; a row statistic (..., N) meets a (..., N, d) tensor "
+     "without its trailing dim (unsqueeze(-1))"),
     (r"out of (bounds|range)|IndexError",
      "an index past the end at that line: the last block ends at N, not at start + B"),
     (r"OverflowError|math range error",
@@ -54,11 +55,26 @@ EXCEPTION_HINTS: tuple[tuple[str, str], ...] = (
 )
 
 
+# graded functions that loop over blocks: a shape error there may be a ragged last block
+_TILED = ("flash_forward", "flash_backward", "flash_kernel", "FlashAttention", "flash_attention", "online_summary")
+_RAGGED = ("; or a ragged last block holds fewer than B rows or keys (slice it as [start:min(start + B, N)])")
+
+
 def exception_hint(text: str) -> str | None:
-    """The hint for a student exception's line (EXCEPTION_HINTS), or None."""
+    """The hint for a student exception's line (EXCEPTION_HINTS), or None. A shape error says the sizes
+    torch reported, and names a ragged last block only in a function that works in blocks."""
     import re
 
     for pattern, hint in EXCEPTION_HINTS:
         if re.search(pattern, text):
+            if hint is EXCEPTION_HINTS[2][1]:
+                sizes = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at "
+                                  r"non-singleton dimension (\d+)", text)
+                if sizes:
+                    hint = hint.replace("print both shapes", f"sizes {sizes[1]} and {sizes[2]} meet along dim "
+                                                             f"{sizes[3]}")
+                function = text.split(" raised ", 1)[0]
+                if any(t in function for t in _TILED):
+                    hint += _RAGGED
             return hint
     return None

@@ -293,7 +293,10 @@ def probed(ladder: Callable[[], "pb.Finding"], recognise: Callable[["pb.Finding"
         try:
             finding = ladder()
             extra = recognise(finding) if recognise else None
-            parts = [finding.message(), extra, failure.hint if keep and not extra else None]
+            # the check's own concept hint, unless a recogniser named the bug or the probe found the failure
+            # is not the NaN that hint is about (probes.Finding.finite_case)
+            own = failure.hint if keep and not extra and not finding.finite_case else None
+            parts = [finding.message(), extra, own]
             failure.hint = join_hints(*parts)
         except Exception as exc:  # noqa: BLE001 -- a diagnosis must never hide the failure itself
             failure.hint = f"{failure.hint} (probes unavailable: {type(exc).__name__})"

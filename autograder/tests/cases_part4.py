@@ -87,7 +87,8 @@ def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str
                 student=student)
     names = ("dq", "dk", "dv")
     for name, actual, exp, pl in zip(names, (dq, dk, dv), expected, plain):
-        others = {f"the values expected of {n}": e for n, e in zip(names, expected) if n != name}
+        others = {f"the values expected of {n} instead: two outputs swapped, or one tensor written for both?": e
+                  for n, e in zip(names, expected) if n != name}
         close_or_diagnose(
             actual, exp, what=f"{name} of {fn} against torch autograd of float64 attention", inputs=inputs,
             plain=pl, factor=tol.GRADIENT_FACTOR, others=others,
@@ -259,6 +260,18 @@ def check_function_backward(rp: replay.Replayed, case: AttnCase, inputs: dict) -
                              rows=FUNCTION_ROWS)
 
 
+def _other_arguments(q, k, v, case: AttnCase) -> dict[str, torch.Tensor]:
+    """The forward's output had an argument not reached it (check_close's `others`): causal flipped, or
+    the default scale for a given one."""
+    out = {f"the output of attention with causal={not case.causal} instead: pass causal through to the "
+           f"forward (flash_attention -> FlashAttentionFunction.apply -> flash_forward)":
+           attention_reference(q, k, v, not case.causal, case.scale)[0]}
+    if case.scale is not None:
+        out["the output of attention with the default scale 1/√d instead: pass scale through to the forward"] = \
+            attention_reference(q, k, v, case.causal, None)[0]
+    return out
+
+
 def check_function_grads(student, case: AttnCase, *, hidden: bool = False) -> None:
     """flash_attention(q, k, v, causal) forward and backward (o.backward(dO)) against float64 autograd."""
     assert case.block_q == case.block_k == 64 and case.scale is None, "test bug: flash_attention uses the defaults"
@@ -268,7 +281,8 @@ def check_function_grads(student, case: AttnCase, *, hidden: bool = False) -> No
     o64, lse64 = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)
     close_or_diagnose(out["o"], o64, what="o of flash_attention (forward through the autograd.Function)",
-                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION)
+                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION,
+                      others=_other_arguments(q, k, v, case))
     _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
                  fn="flash_attention(...).backward(dO)", hidden=hidden, student=student)
     check_function_backward(rp, case, inputs)
@@ -283,7 +297,8 @@ def check_function_apply(student, case: AttnCase, *, hidden: bool = False) -> No
     o64, lse64 = attention_reference(q, k, v, case.causal, case.scale)
     plain_o, _ = attention_plain(q, k, v, case.causal, case.scale)
     close_or_diagnose(out["o"], o64, what="o of FlashAttentionFunction.apply (with its scale argument)",
-                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION)
+                      inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION,
+                      others=_other_arguments(q, k, v, case))
     _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
                  fn="FlashAttentionFunction.apply(..., scale).backward(dO)", hidden=hidden, student=student,
                  hint=HINT_FUNCTION_ARGS)

@@ -713,7 +713,8 @@ def check_cache_unit(student, case: UnitCase) -> None:
             want = torch.cat(parts, dim=2)
             check_close(got, want, what=f"{name} returned by update #{n} (layer {layer})", inputs=inputs,
                         atol=0.0, rtol=0.0, dtype=DTYPES[case.dtype], hint=HINT_UPDATE,   # a copy: exact
-                        others={f"the {other[0]} values passed so far": torch.cat(other[1], dim=2)})
+                        others={f"the {other[0]} values passed so far instead: k and v swapped, or one buffer "
+                                f"for both?": torch.cat(other[1], dim=2)})
         what = f"cache.length after update #{n} (layer {layer})"
         check_length_type(res["lengths"][n], what=what, inputs=inputs)
         check(res["lengths"][n] == layer0, what=what,

@@ -49,6 +49,8 @@ class Rung:
     # what a first failure here proves when the error is NOT confined to the rows this rung adds (rows
     # that see no key, say): `implies` speaks of those rows only and would name the wrong cause
     outside: str | None = None
+    # what it proves when the wrong results hold no NaN: `implies` names the NaN of a missing guard
+    finite: str | None = None
 
 
 @dataclass
@@ -62,6 +64,15 @@ class Finding:
     expected: Any = None  # the expected outputs there, where the ladder keeps them
     outside: bool = False  # the error reaches beyond the rows the failed rung adds (Rung.outside)
 
+    @property
+    def finite_case(self) -> bool:
+        """The failed rung has a text for wrong results without NaN (Rung.finite), and these hold none."""
+        if self.failed is None or not self.failed.finite or self.raised:
+            return False
+        leaves = self.outputs if isinstance(self.outputs, (tuple, list)) else [self.outputs]
+        return not any(isinstance(t, torch.Tensor) and t.is_floating_point() and bool(torch.isnan(t).any())
+                       for t in leaves)
+
     def message(self) -> str:
         if self.failed is None:
             n = len(self.passed)
@@ -71,6 +82,8 @@ class Finding:
         if self.raised:
             return f"{before}raises with {self.failed.label} ({self.raised}): {self.failed.implies}"
         which = " and ".join(self.wrong) + " wrong"
+        if self.finite_case:
+            return f"{before}wrong with {self.failed.label} ({which}, no NaN): {self.failed.finite}"
         if self.outside and self.failed.outside:
             return f"{before}wrong with {self.failed.label} ({which}, in rows that do see keys): {self.failed.outside}"
         text = self.failed.refine.get(frozenset(self.wrong), self.failed.implies)
@@ -621,7 +634,9 @@ MERGE_RUNGS = [
     Rung("a ⊕ identity (-inf, 0)", dict(ma=2.0, mb=-math.inf),
          "the identity (-inf, 0) contributes exp(-inf - m)·0 = 0: a ⊕ (-inf, 0) = a (§4.4)"),
     Rung("identity ⊕ identity", dict(ma=-math.inf, mb=-math.inf),
-         "missing -inf guard: with m = -inf, exp(-inf - (-inf)) = NaN; rebase on 0 so (-inf, 0) ⊕ (-inf, 0) = (-inf, 0)"),
+         "missing -inf guard: with m = -inf, exp(-inf - (-inf)) = NaN; rebase on 0 so (-inf, 0) ⊕ (-inf, 0) = (-inf, 0)",
+         finite="(-inf, 0) ⊕ (-inf, 0) must be the identity (-inf, 0) itself: the 0 a guard rebases on is for the "
+                "exponents only, exp(m_a - 0); the merged m stays max(m_a, m_b) = -inf and ℓ stays 0 (§4.4)"),
     Rung("leading dims (2 × 3)", dict(ma=1.0, mb=2.0, lead=(2, 3)),
          "any leading dims; o has one more trailing dim than m and ℓ: unsqueeze(-1) the factors"),
 ]
