@@ -120,6 +120,9 @@ class RowsCase:
     shift: float = 0.0  # +1000: exp(x) overflows unless the max is subtracted
     neg_inf: str = ""  # "" | "some": random -inf entries (column 0 stays finite) | "rows": whole rows -inf
     stream: "RowsCase | None" = None  # the one-pass check's designated input (check_streams; None: STREAM)
+    # rows moved apart by this much each (row r of R by spread·(r - (R-1)/2)): the max must be each row's
+    # own; one max for the whole tensor underflows the rows far below it
+    spread: float = 0.0
 
     @property
     def id(self) -> str:
@@ -130,6 +133,8 @@ class RowsCase:
             bits.append(f"{self.shift:+g}")
         if self.neg_inf:
             bits.append(f"neginf-{self.neg_inf}")
+        if self.spread:
+            bits.append(f"spread{self.spread:g}")
         return "-".join(bits) + f"-s{self.seed}"
 
     @property
@@ -139,11 +144,15 @@ class RowsCase:
     @property
     def naive_ok(self) -> bool:
         """Inputs on which the textbook exp(x)/Σexp(x) is defined (no overflow, no empty row)."""
-        return self.mult == 1 and self.shift == 0 and self.neg_inf != "rows" and self.shape[-1] > 0
+        return self.mult == 1 and self.shift == 0 and not self.spread and self.neg_inf != "rows" and self.shape[-1] > 0
 
     def x64(self) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed)
         x = torch.randn(self.shape, generator=g, dtype=torch.float64) * self.mult + self.shift
+        if self.spread and x.dim() > 1:
+            rows = x.reshape(-1, x.shape[-1])
+            r = torch.arange(rows.shape[0], dtype=torch.float64)
+            x = (rows + self.spread * (r - r.mean()).unsqueeze(-1)).reshape(x.shape)
         if self.neg_inf == "some" and x.shape[-1] > 1:
             mask = torch.rand(self.shape, generator=g, dtype=torch.float64) < 0.3
             mask[..., 0] = False
@@ -419,9 +428,12 @@ def check_merge_partial(student, case: MergeCase) -> None:
         check_close(l, l_ref, what="ℓ of merge_partial(a, b) against the float64 summary of both segments' scores",
                     inputs=shown, atol=0.0, rtol=rtol, hint=hint, dtype=dt)
     with probed(lambda: pb.merge_ladder(student, "merge_partial")):
+        normalised = o_ref / torch.where(l_ref == 0, torch.ones_like(l_ref), l_ref).unsqueeze(-1)
         check_close(o, o_ref, what="o of merge_partial(a, b) against float64 Σ_j exp(x_j - m) v_j over both segments "
                                    "(o unnormalised)", inputs=shown, atol=rtol * tol.merge_data_scale(x, v), rtol=0.0,
-                    hint=hint, dtype=dt)
+                    hint=hint, dtype=dt,
+                    others={"o / ℓ, normalised, instead: ⊕ keeps o unnormalised (Σ_j exp(x_j - m) v_j, §4.5); divide "
+                            "by ℓ only once, at the very end": normalised})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -359,7 +359,9 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
         full = forward_flops(case, causal=False)
         pairs = len(block_pairs(case.nq, case.nk, case.causal, case.block_q, case.block_k))
         total = len(block_pairs(case.nq, case.nk, False, case.block_q, case.block_k))
-        got = liveness.live_matmul_flops(rp)
+        live = liveness.live_ops(rp)
+        got = liveness.live_matmul_flops(rp, live=live)
+        check_scored_once(rp, case, live, inputs=inputs)
         if case.causal:
             what = ("matmul FLOPs of flash_forward: 4·d per score, from the visible scores (tiles cut to the keys "
                     "their rows see) to whole-block causal skipping's (§6.2)")
@@ -564,6 +566,43 @@ class Sides:
                 for n in writes[index]:
                     bits[n] = bits.get(n, 0) | m
         self.at = max(self.at, end)
+
+
+def score_and_value_flops(rp: replay.Replayed, live: list[bool]) -> tuple[int, int]:
+    """Matmul FLOPs (as the replay counts them, broadcast products included) of the live ops that make
+    scores (an operand derived from k alone, none from v: S = Q·Kᵀ) and of those that weigh values (an
+    operand derived from v: P̃·V), in flash_forward's replay. A forward computes each score it uses once
+    and weighs V by it once: 2·d FLOPs for the one per 2·dv for the other. (Other products, P̃ @ ones
+    say, are neither: the FLOP range sees them.)"""
+    sd = Sides(rp)
+    at, score, value = rp.flops_at, 0, 0
+    for index, op in enumerate(rp.prepared):
+        flops = at[index + 1] - at[index]
+        if not flops or not live[index]:
+            continue
+        sd.follow(index)
+        bits = [sd.of(ref) for ref in op.reads]
+        if any(b & VALUE_SIDE for b in bits):
+            value += flops
+        elif any(b & KEY_SIDE and not b & QUERY_SIDE for b in bits):
+            score += flops
+    return score, value
+
+
+HINT_SCORED_TWICE = ("the scores were computed more often than V was weighed by them: each score S_ij = q_i·k_j is made "
+                     "once and used at once (online softmax: rescale m, ℓ and acc per K/V block, §5.1); a first pass "
+                     "for the row max and a second for exp(S - m) computes S twice")
+
+
+def check_scored_once(rp: replay.Replayed, case: AttnCase, live: list[bool], *, inputs: dict) -> None:
+    """The FLOPs of S = Q·Kᵀ and of P̃·V match (2·d and 2·dv per computed score): a two-pass softmax over
+    tiles (the row max first, then exp(S - m)) scores every tile twice, within the causal FLOP range."""
+    score, value = score_and_value_flops(rp, live)
+    dv = case.d  # flash_forward's v has q's head dim here
+    check(score * dv == value * case.d, what="flash_forward computes each score once: matmul FLOPs of S = Q·Kᵀ "
+                                             "equal those of P̃·V",
+          detail=f"S = Q·Kᵀ: {score:,} FLOPs, P̃·V: {value:,}", hint=HINT_SCORED_TWICE if score > value else HINT_MORE,
+          inputs=inputs)
 
 
 def scores_like_shapes(rp: replay.Replayed, sides: dict[int, int] | None = None) -> list[tuple[int, ...]]:

@@ -700,25 +700,27 @@ def check_cache_unit(student, case: UnitCase) -> None:
     check(type(res) is dict and type(res.get("results")) is list and len(res["results"]) == len(updates)
           and all(type(r) in (list, tuple) and len(r) == 2 for r in res["results"]),
           what="update(layer, k_new, v_new) returns (k_all, v_all) for every update", hint=HINT_UPDATE)
-    seen: dict[int, tuple[list, list]] = {}
-    layer0 = 0
     inputs = {**case.dims(), "steps": case.steps}
+    # the lengths first: a length that does not grow makes a later update write over an earlier one's
+    # slots, and its view (compared below, after all the updates) would blame the earlier update
+    layer0 = 0
+    for n, (layer, k, _) in enumerate(updates):
+        layer0 += k.shape[2] if layer == 0 else 0
+        what = f"cache.length after update #{n} (layer {layer})"
+        check_length_type(res["lengths"][n], what=what, inputs=inputs)
+        check(res["lengths"][n] == layer0, what=what,
+              detail=f"expected {layer0} (tokens in layer 0), got {res['lengths'][n]}", hint=HINT_LENGTH)
+    seen: dict[int, tuple[list, list]] = {}
     for n, ((layer, k, v), (k_all, v_all)) in enumerate(zip(updates, res["results"], strict=True)):
         ks, vs = seen.setdefault(layer, ([], []))
         ks.append(k)
         vs.append(v)
-        if layer == 0:
-            layer0 += k.shape[2]
         for name, got, parts, other in (("k_all", k_all, ks, ("v_new", vs)), ("v_all", v_all, vs, ("k_new", ks))):
             want = torch.cat(parts, dim=2)
             check_close(got, want, what=f"{name} returned by update #{n} (layer {layer})", inputs=inputs,
                         atol=0.0, rtol=0.0, dtype=DTYPES[case.dtype], hint=HINT_UPDATE,   # a copy: exact
                         others={f"the {other[0]} values passed so far instead: k and v swapped, or one buffer "
                                 f"for both?": torch.cat(other[1], dim=2)})
-        what = f"cache.length after update #{n} (layer {layer})"
-        check_length_type(res["lengths"][n], what=what, inputs=inputs)
-        check(res["lengths"][n] == layer0, what=what,
-              detail=f"expected {layer0} (tokens in layer 0), got {res['lengths'][n]}", hint=HINT_LENGTH)
     # Views, not copies, measured in the judge's replay: each layer's results share ONE storage (the
     # one its first result lives in), of at least a (B, H, max_len, d) buffer's size.
     itemsize = torch.empty((), dtype=DTYPES[case.dtype]).element_size()
@@ -747,6 +749,8 @@ def bad_updates(case: UnitCase, prefill: int) -> dict[str, tuple[int, torch.Tens
         "wrong_head_dim": (0, z(B, H, 1, d + 1), z(B, H, 1, d + 1)),
         "wrong_heads": (1, z(B, H + 1, 1, d), z(B, H + 1, 1, d)),
         "k_v_mismatch": (0, z(B, H, 2, d), z(B, H, 1, d)),
+        "layer_past_the_last": (case.n_layers, z(B, H, 1, d), z(B, H, 1, d)),  # an off-by-one bound
+        "negative_layer": (-1, z(B, H, 1, d), z(B, H, 1, d)),  # Python would index the last layer
     }
 
 

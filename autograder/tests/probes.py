@@ -63,6 +63,7 @@ class Finding:
     inputs: Any = None  # the inputs of the failed rung
     expected: Any = None  # the expected outputs there, where the ladder keeps them
     outside: bool = False  # the error reaches beyond the rows the failed rung adds (Rung.outside)
+    later_heads: bool = False  # some (batch, head)s right and others not, or one holds another's (HEADS_TEXT)
 
     @property
     def finite_case(self) -> bool:
@@ -82,6 +83,8 @@ class Finding:
         if self.raised:
             return f"{before}raises with {self.failed.label} ({self.raised}): {self.failed.implies}"
         which = " and ".join(self.wrong) + " wrong"
+        if self.later_heads:
+            return f"{before}wrong with {self.failed.label} ({which}, not in every head alike): {HEADS_TEXT}"
         if self.finite_case:
             return f"{before}wrong with {self.failed.label} ({which}, no NaN): {self.failed.finite}"
         if self.outside and self.failed.outside:
@@ -116,10 +119,10 @@ def climb(rungs: list[Rung], run_one: Callable[[Rung], tuple[list[str], Any, Any
             said = e.what if hidden else e.what + (f": {e.detail}" if e.detail else "")
             return Finding(passed, rung, [], raised=said)
         if wrong:
-            outside = OUTSIDE in wrong
-            wrong = [w for w in wrong if w != OUTSIDE]
+            outside, heads = OUTSIDE in wrong, LATER_HEADS in wrong
+            wrong = [w for w in wrong if w not in (OUTSIDE, LATER_HEADS)]
             return Finding(passed, rung, wrong, outputs=outputs, inputs=inputs,
-                           expected=expected[0] if expected else None, outside=outside)
+                           expected=expected[0] if expected else None, outside=outside, later_heads=heads)
         passed.append(rung)
     return Finding(passed, None, [])
 
@@ -136,6 +139,10 @@ def in_hidden_test(student: Any) -> bool:
 
 
 OUTSIDE = "(outside)"  # in run_one's wrong outputs: the error reaches rows the rung does not add (Rung.outside)
+LATER_HEADS = "(later heads)"  # ... and: some (batch, head)s are right and others not, or one holds another's
+HEADS_TEXT = ("some (batch, head)s are right and others wrong, or one holds another's values, so the tile math is "
+              "right: each head's data starts at its own offset (Q, O at head·Nq·d, K, V at head·Nk·d, L at head·Nq: Nq for the query "
+              "side, Nk for the key side), in every load and store")
 
 
 def _climb(student: Any, rungs: list[Rung], run_one: Callable[[Rung], tuple]) -> Finding:
@@ -239,6 +246,35 @@ def _wrong_forward(o, lse, q, k, v, causal, scale) -> list[str]:
     return wrong
 
 
+def _only_later_heads(o, lse, q, k, v, causal: bool) -> bool:
+    """Whether o and lse are right (to float32 rounding) in some (batch, head)s and wrong in others, or a wrong
+    one holds another head's expected values: an offset of a head's data, not the tile math."""
+    if q.dim() < 3 or math.prod(q.shape[:-2]) < 2:
+        return False
+    ref_o, ref_lse = attention_reference(q, k, v, causal, None)
+    ok = []
+    for a, e, inner in ((o, ref_o, 2), (lse, ref_lse, 1)):
+        if not isinstance(a, torch.Tensor) or a.shape != e.shape:
+            return False
+        a64, e64 = a.detach().double().reshape(-1, *e.shape[-inner:]), e.detach().double().reshape(-1, *e.shape[-inner:])
+        both_inf = torch.isinf(a64) & torch.isinf(e64) & (a64 == e64)
+        err = torch.where(both_inf, torch.zeros_like(a64), (a64 - e64).abs()).nan_to_num(math.inf)
+        bad = err > 1e-4 * (1.0 + e64.abs().nan_to_num(0.0, 0.0, 0.0))
+        ok.append(~bad.reshape(bad.shape[0], -1).any(1))
+    heads_ok = ok[0] & ok[1]
+    if bool(heads_ok.any()) and not bool(heads_ok.all()):
+        return True
+    # every head wrong, but one holds another head's values (all stores to one head's place)
+    for a, e, inner in ((o, ref_o, 2), (lse, ref_lse, 1)):
+        a64, e64 = a.detach().double().reshape(-1, *e.shape[-inner:]), e.detach().double().reshape(-1, *e.shape[-inner:])
+        for h in range(a64.shape[0]):
+            for g in range(e64.shape[0]):
+                if g != h and torch.allclose(a64[h], e64[g], rtol=1e-4, atol=1e-5, equal_nan=True) \
+                        and not torch.allclose(e64[h], e64[g], rtol=1e-4, atol=1e-5, equal_nan=True):
+                    return True
+    return False
+
+
 def _wrong_where_keys_are_seen(o, lse, ref_o, ref_lse, nq: int, nk: int) -> bool:
     """Whether o or lse is off (beyond float32 rounding) in a row that sees at least one key (bottom-right
     causal): the error is not only in the rows that see none."""
@@ -289,8 +325,10 @@ def kernel_ladder(run_case: Callable[..., dict], hidden: bool = True) -> Finding
         out = run_case(nq=s["nq"], nk=s["nk"], d=8, causal=s.get("causal", False), block_rows=s["bq"],
                        block_cols=s["bk"], lead=lead, q_mult=s.get("mult", 1.0))
         q, k, v = out["qkv"]
-        return _wrong_forward(out["o"], out["lse"], q, k, v, s.get("causal", False), None), (out["o"], out["lse"]), \
-            (q, k, v, s)
+        wrong = _wrong_forward(out["o"], out["lse"], q, k, v, s.get("causal", False), None)
+        if wrong and _only_later_heads(out["o"], out["lse"], q, k, v, s.get("causal", False)):
+            wrong.append(LATER_HEADS)
+        return wrong, (out["o"], out["lse"]), (q, k, v, s)
     return climb(rungs, one, hidden)
 
 
@@ -513,6 +551,8 @@ def _rows(kind: str, shape=(3, 6), seed=3) -> torch.Tensor:
         x[..., 1::2] = -math.inf
     elif kind == "allneginf":
         x[1] = -math.inf
+    elif kind == "negative":
+        x = -x.abs() - 1.0
     return x
 
 
@@ -557,6 +597,9 @@ def _close_rel(actual, expected, rtol, dtype, atol=None) -> bool:
 SUMMARY_RUNGS = [
     Rung("one column", dict(kind="plain", shape=(3, 1)),
          "the summary of one value: m = x_0, ℓ = exp(x_0 - m) = 1"),
+    Rung("rows of negative values only", dict(kind="negative"),
+         "the running max starts at -inf, the identity of max (and ℓ at 0): one started at 0 stays 0 on a row of "
+         "negative values (§4.3)"),
     Rung("increasing rows (the max grows at every column)", dict(kind="increasing"),
          "when the running max grows, rescale ℓ by exp(m_old - m_new) before adding exp(x_j - m_new) (§4.3)"),
     Rung("decreasing rows (the max never grows)", dict(kind="decreasing"),

@@ -18,6 +18,7 @@ ROWS = [
     C.RowsCase((5, 200), "float32", seed=2, mult=40.0),  # peaked rows
     C.RowsCase((3, 50), "float32", seed=3, shift=1000.0),  # exp(x) overflows without the max shift
     C.RowsCase((6, 37), "float32", seed=4, neg_inf="rows"),  # all -inf rows give zeros
+    C.RowsCase((4, 40), "float32", seed=6, spread=200.0),  # rows 200 apart: each row's own max
     C.RowsCase((7, 1), "float32", seed=5),
 ]
 MERGES = [

@@ -15,6 +15,8 @@ OUTPUTS = [
     C.KernelCase(nq=113, nk=203, d=16, causal=True, block_rows=32, block_cols=64, seed=3),
     C.KernelCase(nq=203, nk=113, d=16, causal=True, block_rows=64, block_cols=32, seed=4),
     C.KernelCase(lead=(2, 3), nq=40, nk=56, d=8, block_rows=16, block_cols=16, seed=5),
+    # several heads with Nq != Nk, causal: every head's Q/O/L offset counts Nq rows and its K/V offset Nk
+    C.KernelCase(lead=(3,), nq=48, nk=72, d=8, causal=True, block_rows=16, block_cols=16, seed=15),
     # peaked (q × 100): a row's scores span hundreds, so no shift fixed early (from its first tile) keeps
     # exp in float32's range for every row: only the running max of the online softmax does (§4.3)
     C.KernelCase(nq=64, nk=200, d=16, block_rows=32, block_cols=32, seed=14, q_mult=100.0),

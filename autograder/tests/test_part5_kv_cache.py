@@ -28,7 +28,7 @@ def test_cache_update_and_length(student, case):
     C.check_cache_unit(student, case)
 
 
-@cases(dict(unit=UNIT, prefill=6, names=("overflow", "wrong_head_dim", "k_v_mismatch")))
+@cases(dict(unit=UNIT, prefill=6, names=("overflow", "wrong_head_dim", "k_v_mismatch", "layer_past_the_last")))
 def test_cache_errors(student, case):
     """KVCache.update raises ValueError, with a one-line message, on overflow, a wrong head_dim, or k and v of different shapes."""
     C.check_cache_errors(student, case["unit"], prefill=case["prefill"], names=case["names"])

@@ -16,6 +16,7 @@ ROWS = [
     C.RowsCase((9,), "float32", seed=107, neg_inf="rows"),  # a single all -inf row
     C.RowsCase((3, 1024), "float32", seed=108, mult=40.0),
     C.RowsCase((1, 2), "float32", seed=109, shift=1000.0),
+    C.RowsCase((2, 3, 50), "float64", seed=110, spread=300.0),  # rows 300 apart: each row's own max
 ]
 MERGES = [
     C.MergeCase(C.RowsCase((2, 3, 77), "float32", seed=110), split=76, dv=5),

@@ -23,5 +23,5 @@ HIDDEN = {
     "test_generate_batched": [dict(seed=302, batch=2), dict(seed=305, batch=5)],
     "test_cache_update_and_length": UNITS,
     "test_cache_errors": [dict(unit=UNITS[0], prefill=7, names=("overflow", "overflow_layer1", "wrong_head_dim",
-                                                                 "wrong_heads", "k_v_mismatch"))],
+                                                                 "wrong_heads", "k_v_mismatch", "negative_layer"))],
 }
