@@ -577,3 +577,40 @@ def test_seccomp_active_tells_a_sandboxed_process_from_a_bare_one():
     assert out.returncode == 0, out.stderr[-500:]
     before, after = out.stdout.split()
     assert before == str(confine.seccomp_active()) and after == "True"
+
+
+def test_the_thread_filter_covers_the_spare_threads_made_before_it():
+    """An outside instructor found the spare threads (where part 1's counted student code runs) could still
+    start threads: prctl's filter is the calling thread's alone. refuse_threads installs it on every
+    thread of the process (seccomp's TSYNC)."""
+    import subprocess
+    import sys
+
+    code = textwrap.dedent("""
+        import threading, time
+        from autograder.scenarios import threads
+        from autograder.engine import confine
+        threads.start(2)
+        if not confine.refuse_threads():
+            print("no-filter"); raise SystemExit
+        said = {}
+        def job():
+            try:
+                threading.Thread(target=lambda: None).start(); said["spare"] = "started"
+            except RuntimeError:
+                said["spare"] = "refused"
+        threads.run(job)
+        for _ in range(100):
+            if "spare" in said:
+                break
+            time.sleep(0.05)
+        print(said.get("spare"))
+        """)
+    from autograder.engine import confine
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(Path(confine.__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr[-500:]
+    if out.stdout.strip() == "no-filter":
+        pytest.skip("no syscall table for this machine")
+    assert out.stdout.strip() == "refused", out.stdout

@@ -141,9 +141,10 @@ def install_seccomp(bpf: bytes) -> None:
         raise _err("installing the seccomp filter")
 
 
-# clone and clone3 per architecture (the sandbox's full filter is instructor/sandbox.py's; this one
-# only stacks on it): AUDIT_ARCH_*, clone, clone3
-_CLONE_NR = {"x86_64": (0xC000003E, 56, 435), "aarch64": (0xC00000B7, 220, 435)}
+# clone, clone3 and seccomp per architecture (the sandbox's full filter is instructor/sandbox.py's; this
+# one only stacks on it): AUDIT_ARCH_*, clone, clone3, seccomp
+_CLONE_NR = {"x86_64": (0xC000003E, 56, 435, 317), "aarch64": (0xC00000B7, 220, 435, 277)}
+_SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 
 
 def seccomp_active() -> bool:
@@ -166,14 +167,28 @@ def refuse_threads() -> bool:
     entry = _CLONE_NR.get(platform.machine())
     if entry is None or sys.byteorder != "little" or not sys.platform.startswith("linux"):
         return False
-    arch, clone, clone3 = entry
+    arch, clone, clone3, seccomp = entry
     allow, errno_ret = 0x7FFF0000, 0x00050000
     prog = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, allow),  # another ABI: the outer filter's
             (0x20, 0, 0, 0),
             (0x15, 0, 1, clone3), (0x06, 0, 0, errno_ret | 38),  # ENOSYS
             (0x15, 0, 1, clone), (0x06, 0, 0, errno_ret | 11),  # EAGAIN
             (0x06, 0, 0, allow)]
-    install_seccomp(b"".join(struct.pack("=HBBI", *ins) for ins in prog))
+    bpf = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    # every thread of the process, not only this one (prctl's filter is the caller's alone): the threads
+    # made before it (scenarios/threads.py's spares, where student code runs too) get it as well
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise _err("prctl(PR_SET_NO_NEW_PRIVS)")
+    prog_struct = Prog(len(bpf) // 8, bpf)
+    r = _libc.syscall(ctypes.c_long(seccomp), ctypes.c_uint(_SECCOMP_SET_MODE_FILTER),
+                      ctypes.c_uint(_SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog_struct))
+    if r != 0:
+        raise _err("installing the thread filter on every thread") if r < 0 else ConfineError(
+            1, f"sandbox: thread {r} could not take the thread filter")
     return True
 
 
