@@ -813,18 +813,20 @@ def require(mode: str = "auto", allow_weak: bool = False,
     the channel's user accepts a weaker mode (named in the refusal)."""
     box = detect(mode)
     want = os.environ.get(ENV_MODE, "auto") if mode == "auto" else mode
+    # a mode the environment asked for, not the channel: say so, the fix may be to unset it
+    by_env = f" (set by {ENV_MODE}={want}: unset it for the default)" if mode == "auto" and want != "auto" else ""
     if box.isolating and (want in ("auto", box.kind)):
         return box
     if want == "rlimits" and not allow_weak:
-        raise SandboxError(f"refusing to grade: sandbox mode 'rlimits' isolates nothing (resource limits and the "
-                           f"process filter only); {to_accept} to grade with it")
-    if allow_weak:
-        if not box.isolating and want != "rlimits":  # the mode asked for is not here: the strongest that is
-            best = _detect("auto", os.environ.get(ENV_BWRAP, ""))
-            return best if best.isolating else box
-        return box
-    raise SandboxError(f"refusing to grade: sandbox mode {want!r} is not available here ({box.mode}); "
-                       f"fix that, or {to_accept} to grade with resource limits only")
+        raise SandboxError(f"refusing to grade: sandbox mode 'rlimits'{by_env} isolates nothing (resource limits and "
+                           f"the process filter only); {to_accept} to grade with it")
+    best = _detect("auto", os.environ.get(ENV_BWRAP, "")) if not box.isolating and want != "rlimits" else box
+    if allow_weak:  # the mode asked for is not here: the strongest that is
+        return best if best.isolating else box
+    why = box.mode.removeprefix("rlimits-only (").removesuffix(")") if box.mode.startswith("rlimits-only (") else box.mode
+    weaker = f"in the strongest mode this machine has, {best.mode}" if best.isolating else "with resource limits only"
+    raise SandboxError(f"refusing to grade: sandbox mode {want!r}{by_env} is not available here: {why}; fix that, or "
+                       f"{to_accept} to grade {weaker}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -295,3 +295,23 @@ def test_machine_wide_counters_are_hidden_in_both_sandboxes():
         r = _probe(box.with_uid(64097), read=[*sandbox.HIDDEN_PROC, "/proc/cpuinfo"], write=[])
         assert not any(r["read"][p] for p in sandbox.HIDDEN_PROC), (box.mode, r["read"])
         assert r["read"]["/proc/cpuinfo"], box.mode
+
+
+def test_a_refusal_names_what_a_weaker_mode_would_be_and_who_asked(monkeypatch):
+    """An outside instructor: the refusal said '--allow-weak-sandbox to grade with resource limits only' where
+    the flag would grade in the uid mode, and blamed the channel's 'auto' where GRADER_SANDBOX had asked for
+    rlimits. It names the weaker mode the flag would give, and the environment variable."""
+    monkeypatch.setenv(sandbox.ENV_MODE, "rlimits")
+    with pytest.raises(SandboxError, match="set by GRADER_SANDBOX=rlimits: unset it"):
+        require("auto")
+    monkeypatch.delenv(sandbox.ENV_MODE)
+    monkeypatch.setenv(sandbox.ENV_BWRAP, "/nonexistent/bwrap")
+    sandbox._detect.cache_clear()
+    best = detect("uid")
+    with pytest.raises(SandboxError) as e:
+        require("bubblewrap")
+    said = str(e.value)
+    assert "bwrap not found" in said
+    assert (f"strongest mode this machine has, {best.mode}" in said) if best.isolating else \
+        ("resource limits only" in said)
+    sandbox._detect.cache_clear()
