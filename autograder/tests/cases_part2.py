@@ -59,7 +59,8 @@ def one_torch_thread():
 
 @dataclass(frozen=True)
 class AttnCase:
-    """One attention input: q (*lead, nq, d), k/v (*lead, nk, d), drawn from a fixed seed."""
+    """One attention input: q (*lead, nq, d), k (*lead, nk, d), v (*lead, nk, dv), drawn from a fixed seed
+    (dv: d unless given)."""
 
     lead: tuple[int, ...] = (2,)
     nq: int = 113
@@ -72,6 +73,11 @@ class AttnCase:
     dtype: str = "float32"
     seed: int = 0
     q_mult: float = 1.0  # > 1 makes attention peaked (scores × q_mult)
+    dv: int | None = None  # v's head dim, when it is not d (the handout's v: (..., Nk, dv))
+
+    @property
+    def d_v(self) -> int:
+        return self.d if self.dv is None else self.dv
 
     @property
     def id(self) -> str:
@@ -82,6 +88,8 @@ class AttnCase:
             parts.append(f"scale{self.scale:g}")
         if self.q_mult != 1:
             parts.append(f"peaked{self.q_mult:g}")
+        if self.dv is not None:
+            parts.append(f"dv{self.dv}")
         return "-".join(parts) + f"-s{self.seed}"
 
     @property
@@ -93,7 +101,7 @@ class AttnCase:
         return [torch.randn(*self.lead, *s, generator=g, dtype=torch.float64).to(self.torch_dtype) for s in shapes]
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.tensors((self.nq, self.d), (self.nk, self.d), (self.nk, self.d))
+        q, k, v = self.tensors((self.nq, self.d), (self.nk, self.d), (self.nk, self.d_v))
         return q * self.q_mult, k, v
 
     def kwargs(self) -> dict[str, Any]:
@@ -203,10 +211,10 @@ def block_pairs(nq: int, nk: int, causal: bool, block_q: int, block_k: int) -> l
 
 
 def forward_flops(case: AttnCase, *, causal: bool | None = None) -> int:
-    """Matmul FLOPs of a tiled forward: per pair 2·r·c·d (S = Q Kᵀ) + 2·r·c·d (P̃ V), times the batch."""
+    """Matmul FLOPs of a tiled forward: per pair 2·r·c·d (S = Q Kᵀ) + 2·r·c·dv (P̃ V), times the batch."""
     causal = case.causal if causal is None else causal
     batch = math.prod(case.lead)
-    return batch * sum(4 * (i1 - i0) * (j1 - j0) * case.d
+    return batch * sum(2 * (i1 - i0) * (j1 - j0) * (case.d + case.d_v)
                        for i0, i1, j0, j1 in block_pairs(case.nq, case.nk, causal, case.block_q, case.block_k))
 
 
@@ -245,10 +253,10 @@ def computed_scores_bounds(case: AttnCase) -> tuple[int, int]:
 
 
 def forward_flops_bounds(case: AttnCase) -> tuple[int, int]:
-    """(fewest, most) matmul FLOPs of a correct tiled forward: 4·d per computed score, over
-    computed_scores_bounds. Non-causal the two agree: 4·Nq·Nk·d per (batch, head)."""
+    """(fewest, most) matmul FLOPs of a correct tiled forward: 2·(d + dv) per computed score (4·d when
+    dv = d), over computed_scores_bounds. Non-causal the two agree: 2·Nq·Nk·(d + dv) per (batch, head)."""
     fewest, most = computed_scores_bounds(case)
-    per_score = 4 * math.prod(case.lead) * case.d
+    per_score = 2 * math.prod(case.lead) * (case.d + case.d_v)
     return per_score * fewest, per_score * most
 
 
@@ -309,7 +317,8 @@ def separates(case: AttnCase) -> bool:
     """Whether a tiled forward's largest storage (o, a scaled copy of q or k, one tile of S over the
     batch) is at most half of one head's Nq×Nk scores, so that storage tells tiled from dense."""
     itemsize = case.torch_dtype.itemsize
-    legit = itemsize * math.prod(case.lead) * max(case.nq * case.d, case.nk * case.d, case.block_q * case.block_k)
+    legit = itemsize * math.prod(case.lead) * max(case.nq * max(case.d, case.d_v), case.nk * max(case.d, case.d_v),
+                                                  case.block_q * case.block_k)
     return 2 * legit <= case.nq * case.nk * itemsize
 
 
@@ -363,12 +372,12 @@ def check_forward_structure(rp: replay.Replayed, case: AttnCase, *, inputs: dict
         got = liveness.live_matmul_flops(rp, live=live)
         check_scored_once(rp, case, live, inputs=inputs)
         if case.causal:
-            what = ("matmul FLOPs of flash_forward: 4·d per score, from the visible scores (tiles cut to the keys "
+            what = ("matmul FLOPs of flash_forward: 2·(d + dv) per score, from the visible scores (tiles cut to the keys "
                     "their rows see) to whole-block causal skipping's (§6.2)")
             need = (f"a correct forward needs {fewest:,} to {most:,} ({pairs} of {total} block pairs; all pairs "
                     f"would be {full:,})")
         else:
-            what, need = "matmul FLOPs of flash_forward = 4·Nq·Nk·d per (batch, head)", f"expected {most:,}"
+            what, need = "matmul FLOPs of flash_forward = 2·Nq·Nk·(d + dv) per (batch, head)", f"expected {most:,}"
         check(fewest <= got <= most, what=what, detail=f"counted {got:,}{dead_flops(rp, got)}, {need}",
               hint=flops_hint(got, fewest if got < fewest else most, full, trace), inputs=inputs)
     check_tiles_live(rp, case, fn="flash_forward", inputs=inputs, rows=FORWARD_ROWS)
@@ -421,7 +430,8 @@ def check_key_extents(rp: replay.Replayed, case: AttnCase, *, fn: str, inputs: d
     at a time: a B_r × Nk row panel has storage below Nq × Nk and, trimmed to whole visible blocks, the
     tiled matmul FLOPs; keys moved onto a bmm's batch dim would escape a bound on its matrix dims."""
     tile = min(case.block_k, case.nk)
-    limits = {"keys": tile, "tile": max(case.block_q, case.block_k, case.d), "batch": max(1, math.prod(case.lead))}
+    limits = {"keys": tile, "tile": max(case.block_q, case.block_k, case.d, case.d_v),
+              "batch": max(1, math.prod(case.lead))}
     wide = [e for e in key_extents(rp, sides) if e.n > limits[e.bound]]
     if not wide:
         return
@@ -598,7 +608,7 @@ def check_scored_once(rp: replay.Replayed, case: AttnCase, live: list[bool], *, 
     """The FLOPs of S = Q·Kᵀ and of P̃·V match (2·d and 2·dv per computed score): a two-pass softmax over
     tiles (the row max first, then exp(S - m)) scores every tile twice, within the causal FLOP range."""
     score, value = score_and_value_flops(rp, live)
-    dv = case.d  # flash_forward's v has q's head dim here
+    dv = case.d_v
     check(score * dv == value * case.d, what="flash_forward computes each score once: matmul FLOPs of S = Q·Kᵀ "
                                              "equal those of P̃·V",
           detail=f"S = Q·Kᵀ: {score:,} FLOPs, P̃·V: {value:,}", hint=HINT_SCORED_TWICE if score > value else HINT_MORE,
@@ -752,7 +762,7 @@ def forward_peak_bound(case: AttnCase) -> int:
     cumsum of ones_like(S), made "from q and k" by its shape) and 1.76 (FA2 with m, ℓ, acc of all rows in
     buffers); tests/test_liveness.py checks the reference against 2 units on the long-row cases."""
     lead = math.prod(case.lead)
-    br, bc, dv = min(case.block_q, case.nq), min(case.block_k, case.nk), case.d
+    br, bc, dv = min(case.block_q, case.nq), min(case.block_k, case.nk), case.d_v
     return lead * (case.nq * (2 * dv + 3) + 3 * br * (bc + dv + 2))
 
 
@@ -761,7 +771,7 @@ def peak_separates(case: AttnCase) -> bool:
     next to the outputs o and lse of every pair, exceeds forward_peak_bound: where the peak tells a tiled
     forward from a row panel however it was put together."""
     lead = math.prod(case.lead)
-    return min(case.block_q, case.nq) * case.nk + lead * case.nq * (case.d + 1) > forward_peak_bound(case)
+    return min(case.block_q, case.nq) * case.nk + lead * case.nq * (case.d_v + 1) > forward_peak_bound(case)
 
 
 def check_peak(rp: replay.Replayed, case: AttnCase, *, fn: str, inputs: dict) -> None:

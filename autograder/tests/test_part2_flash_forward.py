@@ -25,6 +25,7 @@ VALUES = [
     AttnCase((1, 2), 70, 70, 8, causal=True, block_q=32, block_k=32, dtype="float64"),  # float64 is tight
     AttnCase((2,), 96, 96, 16, block_q=32, block_k=32, q_mult=40.0),  # peaked: rescaling matters
     AttnCase((2,), 33, 33, 8, causal=True, block_q=16, block_k=16),  # the last Q block's last visible key opens a K/V block
+    AttnCase((2,), 80, 100, 16, causal=True, block_q=32, block_k=32, dv=8),  # v's head dim is not q's
 ]
 MASKED = [AttnCase((2,), 203, 113, 16, causal=True, block_q=32, block_k=32)]
 TRACE = [

@@ -20,6 +20,7 @@ VALUES = [
     AttnCase((2,), 203, 113, 8, causal=True, block_q=32, block_k=16, dtype="float64", seed=8),
     AttnCase((), 1023, 1023, 8, causal=True, block_q=128, block_k=64, q_mult=40.0, seed=9),  # long, ragged by one row, peaked
     AttnCase((2, 3), 33, 17, 4, block_q=8, block_k=8, q_mult=40.0, seed=10),
+    AttnCase((2,), 90, 90, 8, block_q=32, block_k=16, dv=24, seed=17),  # v's head dim is not q's
 ]
 MASKED = [AttnCase((2, 2), 150, 37, 8, causal=True, block_q=16, block_k=16, seed=11)]
 TRACE = [
