@@ -77,6 +77,9 @@ HINTS = {
               "(§4.3, §4.4); the row max first and then Σ exp(x - m) reads x twice",
     "stream_softmax": "online_softmax takes (m, ℓ) from ONE streaming pass (online_summary, §4.3), then normalises "
                       "exp(x - m) / ℓ; it makes no other max or sum of x",
+    "summary_new_term_unshifted": "ℓ of one value is exp(x_0 - m) = 1 and yours is exp(x_0): the max shift is missing from "
+                                  "the new term (no shift at all, or a shift by 0 or by the old max): ℓ = ℓ·exp(m_old - "
+                                  "m_new) + exp(x_j - m_new), both with the NEW max (§4.3)",
     "summary_no_shift": "ℓ is Σ_j exp(x_j) without the max shift: ℓ = Σ_j exp(x_j - m) is relative to the running "
                         "max m, every term <= 1 (§4.3)",
     "merge": "⊕ rebases both sides on m = max(m_a, m_b): ℓ = ℓ_a·exp(m_a - m) + ℓ_b·exp(m_b - m) (§4.4)",
@@ -322,7 +325,10 @@ def recognise_summary(finding: "pb.Finding") -> str | None:
         return None
     unshifted = torch.exp(x).sum(-1)
     ok = torch.isclose(l.double(), unshifted, rtol=1e-9, atol=0.0) | (torch.isinf(l) & torch.isinf(unshifted))
-    return HINTS["summary_no_shift"] if bool(ok.all()) else None
+    if not bool(ok.all()):
+        return None
+    # one value: no shift at all and a shift by another max than the new one (0, the old one) give the same ℓ
+    return HINTS["summary_no_shift"] if x.shape[-1] >= 2 else HINTS["summary_new_term_unshifted"]
 
 
 def check_softmax(student, fn: str, case: RowsCase) -> None:
