@@ -973,7 +973,9 @@ def _run(op: _Op, a: list, kw: dict, trusted: dict) -> Any:
 
 # What torch.empty holds in the replay: a NaN with a payload of its own in floating tensors (code that
 # reads memory it never wrote fails, whatever the machine's memory held, and a check can say so:
-# `unwritten`), 0 in integer and bool ones. The same bits as an integer of the same width.
+# `unwritten`), the largest value in integer ones and True in bool ones, as torch's own
+# fill_uninitialized_memory in the worker (worker.main), so that a branch on such memory goes the same
+# way in both. The floating value as an integer of the same width.
 _UNWRITTEN_BITS = {torch.float64: (torch.int64, 0x7FF80000DEADBEEF), torch.float32: (torch.int32, 0x7FC0DEAD),
                    torch.float16: (torch.int16, 0x7E5B), torch.bfloat16: (torch.int16, 0x7FDB)}
 
@@ -981,10 +983,14 @@ _UNWRITTEN_BITS = {torch.float64: (torch.int64, 0x7FF80000DEADBEEF), torch.float
 def fill_unwritten(t: torch.Tensor) -> None:
     """Fill a tensor fresh from an empty op with the replay's 'never written' value."""
     bits = _UNWRITTEN_BITS.get(t.dtype)
-    if bits is None:
-        t.zero_()
-    else:
+    if bits is not None:
         t.view(bits[0]).fill_(bits[1])
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    elif not t.is_floating_point() and not t.is_complex():
+        t.fill_(torch.iinfo(t.dtype).max)
+    else:
+        t.fill_(math.nan)
 
 
 def unwritten(t: torch.Tensor) -> torch.Tensor:
