@@ -597,15 +597,17 @@ def _close_rel(actual, expected, rtol, dtype, atol=None) -> bool:
 SUMMARY_RUNGS = [
     Rung("one column", dict(kind="plain", shape=(3, 1)),
          "the summary of one value: m = x_0, ℓ = exp(x_0 - m) = 1"),
-    Rung("rows of negative values only", dict(kind="negative"),
-         "the running max starts at -inf, the identity of max (and ℓ at 0): one started at 0 stays 0 on a row of "
-         "negative values (§4.3)"),
     Rung("increasing rows (the max grows at every column)", dict(kind="increasing"),
          "when the running max grows, rescale ℓ by exp(m_old - m_new) before adding exp(x_j - m_new) (§4.3)"),
     Rung("decreasing rows (the max never grows)", dict(kind="decreasing"),
          "when the max does not grow, ℓ += exp(x_j - m) with the current max"),
     Rung("random rows", dict(kind="plain"),
          "ℓ = Σ_j exp(x_j - m) relative to the FINAL max m, rescaled at every rebase (§4.3)"),
+    Rung("rows of negative values only", dict(kind="negative"),
+         "the running max starts at -inf, the identity of max (and ℓ at 0): one started at 0 stays 0 on a row of "
+         "negative values (§4.3)",
+         {frozenset({"ℓ"}): "ℓ on rows whose values are all negative (m is right): ℓ = Σ_j exp(x_j - m) relative to "
+                            "the row's own max, rescaled by exp(m_old - m_new) at every rebase (§4.3)"}),
     Rung("leading dims (2 × 3 × 6)", dict(kind="plain", shape=(2, 3, 6)),
          "any number of leading dims: stream over the last dim, vectorised over the others"),
     Rung("-inf entries", dict(kind="neginf"),
