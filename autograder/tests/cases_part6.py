@@ -89,6 +89,10 @@ def segment_bounds(lengths: list[int]) -> list[tuple[int, int]]:
     return out
 
 
+HINT_SPLIT_DIM = ("every segment holds all Nk keys: the split cut another dim; split the keys, dim -2 of (..., Nk, d), "
+                  "and keep d whole in every segment (§8.4)")
+
+
 def check_split(student, case: DecodeCase) -> None:
     """split_kv(k, v, num_splits): num_splits pairs, in key order, covering every key once, views of k and v."""
     _, k0, v0 = case.qkv()
@@ -106,11 +110,14 @@ def check_split(student, case: DecodeCase) -> None:
     for name, parts, whole in (("k", ks, k), ("v", vs, v)):
         # a segment's dims before its shape is indexed (a 0-d or 1-d "segment" has no key dim), and its dtype
         # before the segments are joined (a view of k or v has their dtype)
-        check(all(type(t) is torch.Tensor and t.dim() == whole.dim() and t.dtype == whole.dtype
-                  and t.shape[:-2] == whole.shape[:-2] and t.shape[-1] == whole.shape[-1] for t in parts),
-              what=f"each {name}_seg is a tensor (..., n_s, d) with {name}'s leading dims, d and dtype",
+        fits = all(type(t) is torch.Tensor and t.dim() == whole.dim() and t.dtype == whole.dtype
+                   and t.shape[:-2] == whole.shape[:-2] and t.shape[-1] == whole.shape[-1] for t in parts)
+        # cut along another dim: every segment keeps all Nk keys and a slice of d (or of a leading dim)
+        other_dim = not fits and all(type(t) is torch.Tensor and t.dim() == whole.dim() and t.shape[-2] == whole.shape[-2]
+                                     for t in parts)
+        check(fits, what=f"each {name}_seg is a tensor (..., n_s, d) with {name}'s leading dims, d and dtype",
               detail=f"{name} is {_shape_dtype(whole)}; segments: {', '.join(_shape_dtype(t) for t in parts)}",
-              hint=HINT_SPLITS, inputs=inputs)
+              hint=HINT_SPLIT_DIM if other_dim else HINT_SPLITS, inputs=inputs)
         joined = torch.cat(parts, dim=-2)
         covered, nk = joined.shape[-2], whole.shape[-2]
         hint = HINT_SPLITS

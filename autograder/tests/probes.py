@@ -27,7 +27,7 @@ import torch
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check_close
-from autograder.engine.errors import StudentError
+from autograder.engine.errors import StudentError, exception_hint
 from . import remember
 from .remember import attention_plain, attention_reference  # course.reference's, remembered across grades
 
@@ -81,7 +81,11 @@ class Finding:
             return f"{NEUTRAL}: all {n} probes ({said}) are correct" if n else f"{NEUTRAL} (no probe ran)"
         before = f"correct with {self.passed[-1].label}, " if self.passed else ""
         if self.raised:
-            return f"{before}raises with {self.failed.label} ({self.raised}): {self.failed.implies}"
+            # what the exception itself most often means (errors.exception_hint: a shape error's sizes and
+            # usual causes) before what the rung's new feature suggests
+            said = exception_hint(self.raised)
+            return (f"{before}raises with {self.failed.label} ({self.raised}): "
+                    + (f"{said}; " if said else "") + self.failed.implies)
         which = " and ".join(self.wrong) + " wrong"
         if self.later_heads:
             return f"{before}wrong with {self.failed.label} ({which}, not in every head alike): {HEADS_TEXT}"
