@@ -508,3 +508,15 @@ def test_the_console_lists_every_failing_test_with_a_one_line_reason():
     assert "    failing tests (2):" in lines
     assert "      - public/t::a: o of flash_forward" in lines
     assert "      - hidden test 1" in lines  # hidden: the name only
+
+
+def test_k_reshaped_instead_of_transposed_is_recognised():
+    """An uncatalogued bug, kt = k.reshape(-1, d, Nk): the same numbers in another order. The recogniser names
+    it (the probes could only say 'the math inside one tile')."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 16, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    kt = k.reshape(2, 8, 16)
+    s = (q @ kt) / math.sqrt(8)
+    o = torch.softmax(s, -1) @ v
+    hint = dg.recognise_forward(o, "o", q, k, v, causal=False, block_q=16, block_k=16, scale=None, tol=1e-8)
+    assert hint == dg.HINT_K_RESHAPED

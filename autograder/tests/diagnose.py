@@ -62,6 +62,8 @@ HINT_NEGINF_GUARD = ("NaN in rows that can attend to no key: guard exp(-inf - (-
 HINT_NAN = ("NaN/inf in rows that do attend keys: subtract the running max before exp (§4.2) and rescale "
             "with exp(m_old - m_new), which is never exp(+inf)")
 HINT_MASKED_LSE = "a row that can attend to no key must get o = 0 and lse = -inf (handout conventions)"
+HINT_K_RESHAPED = ("the scores use k reshaped to (..., d, Nk), not transposed: reshape keeps the memory order, so "
+                   "each 'column' mixes several keys; kᵀ is k.transpose(-2, -1) (or .mT)")
 HINT_FORWARD = ("o must equal softmax(scale · q kᵀ, masked) v and lse = log Σ_j exp(S_ij); step through "
                 "§5.1's pseudocode on a small input")
 
@@ -255,10 +257,12 @@ def block_mask(nq: int, nk: int, *, causal: bool, block_q: int, block_k: int, to
     return allowed
 
 
-def masked_attention(q, k, v, allowed: torch.Tensor, scale: float | None):
-    """(o, lse, m) in float64 for an arbitrary (nq, nk) mask; rows with no key: o = 0, lse = m = -inf."""
+def masked_attention(q, k, v, allowed: torch.Tensor, scale: float | None, kt: torch.Tensor | None = None):
+    """(o, lse, m) in float64 for an arbitrary (nq, nk) mask; rows with no key: o = 0, lse = m = -inf.
+    kt: what the scores multiply q by instead of kᵀ (a known bug's)."""
     q, k, v = q.double(), k.double(), v.double()
-    s = (_scale(q, scale) * q @ k.transpose(-1, -2)).masked_fill(~allowed, -math.inf)
+    kt = k.transpose(-1, -2) if kt is None else kt.double()
+    s = (_scale(q, scale) * q @ kt).masked_fill(~allowed, -math.inf)
     m = s.amax(-1) if s.shape[-1] else torch.full(s.shape[:-1], -math.inf, dtype=torch.float64)
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse).unsqueeze(-1))
@@ -334,6 +338,9 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
     out["scale_twice"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), sc * sc)[:2],
                           HINT_SCALE_TWICE if scale is not None else HINT_SCALE_ONE_OVER_D)
     out["lse_unscaled"] = (o, masked_attention(q, k, v, _mask(nq, nk, causal), 1.0)[1], HINT_UNSCALED_LSE)
+    if nk > 1 and d > 1:  # kᵀ made with reshape: the same numbers, read in another order
+        kt = k.reshape(*k.shape[:-2], d, nk)
+        out["k_reshaped"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), scale, kt=kt)[:2], HINT_K_RESHAPED)
     l = torch.exp(log_l)  # ℓ = Σ_j exp(S_ij - m): o left unnormalised is o·ℓ
     out["not_normalised"] = (torch.where(torch.isneginf(lse), 0.0, l).unsqueeze(-1) * o, lse, HINT_NOT_NORMALISED)
     return out
