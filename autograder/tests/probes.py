@@ -145,8 +145,8 @@ def in_hidden_test(student: Any) -> bool:
 OUTSIDE = "(outside)"  # in run_one's wrong outputs: the error reaches rows the rung does not add (Rung.outside)
 LATER_HEADS = "(later heads)"  # ... and: some (batch, head)s are right and others not, or one holds another's
 HEADS_TEXT = ("some (batch, head)s are right and others wrong, or one holds another's values, so the tile math is "
-              "right: each head's data starts at its own offset (Q, O at head·Nq·d, K, V at head·Nk·d, L at head·Nq: Nq for the query "
-              "side, Nk for the key side), in every load and store")
+              "right: each head's data starts at its own offset (Q, O at head·Nq·d, K, V at head·Nk·d, L at "
+              "head·Nq: Nq for the query side, Nk for the key side), in every load and store")
 
 
 def _climb(student: Any, rungs: list[Rung], run_one: Callable[[Rung], tuple]) -> Finding:
@@ -250,7 +250,7 @@ def _wrong_forward(o, lse, q, k, v, causal, scale) -> list[str]:
     return wrong
 
 
-def _only_later_heads(o, lse, q, k, v, causal: bool) -> bool:
+def _heads_differ(o, lse, q, k, v, causal: bool) -> bool:
     """Whether o and lse are right (to float32 rounding) in some (batch, head)s and wrong in others, or a wrong
     one holds another head's expected values: an offset of a head's data, not the tile math."""
     if q.dim() < 3 or math.prod(q.shape[:-2]) < 2:
@@ -330,7 +330,7 @@ def kernel_ladder(run_case: Callable[..., dict], hidden: bool = True) -> Finding
                        block_cols=s["bk"], lead=lead, q_mult=s.get("mult", 1.0))
         q, k, v = out["qkv"]
         wrong = _wrong_forward(out["o"], out["lse"], q, k, v, s.get("causal", False), None)
-        if wrong and _only_later_heads(out["o"], out["lse"], q, k, v, s.get("causal", False)):
+        if wrong and _heads_differ(out["o"], out["lse"], q, k, v, s.get("causal", False)):
             wrong.append(LATER_HEADS)
         return wrong, (out["o"], out["lse"]), (q, k, v, s)
     return climb(rungs, one, hidden)
