@@ -130,15 +130,26 @@ def set_dumpable(on: bool) -> None:
         raise _err("prctl(PR_SET_DUMPABLE)")
 
 
-def install_seccomp(bpf: bytes) -> None:
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+class _Prog(ctypes.Structure):
+    """struct sock_fprog."""
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
-    prog = Prog(len(bpf) // 8, bpf)
+
+def install_seccomp(bpf: bytes, every_thread_nr: int | None = None) -> None:
+    """Install the BPF program on this thread (prctl), or, given the seccomp syscall's number, on every
+    thread of the process (seccomp(2) with TSYNC: threads made before it get it too)."""
+    prog = _Prog(len(bpf) // 8, bpf)
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise _err("prctl(PR_SET_NO_NEW_PRIVS)")
-    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
-        raise _err("installing the seccomp filter")
+    if every_thread_nr is None:
+        if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+            raise _err("installing the seccomp filter")
+        return
+    r = _libc.syscall(ctypes.c_long(every_thread_nr), ctypes.c_uint(_SECCOMP_SET_MODE_FILTER),
+                      ctypes.c_uint(_SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
+    if r != 0:
+        raise _err("installing the seccomp filter on every thread") if r < 0 else ConfineError(
+            1, f"sandbox: thread {r} could not take the seccomp filter")
 
 
 # clone, clone3 and seccomp per architecture (the sandbox's full filter is instructor/sandbox.py's; this
@@ -174,21 +185,9 @@ def refuse_threads() -> bool:
             (0x15, 0, 1, clone3), (0x06, 0, 0, errno_ret | 38),  # ENOSYS
             (0x15, 0, 1, clone), (0x06, 0, 0, errno_ret | 11),  # EAGAIN
             (0x06, 0, 0, allow)]
-    bpf = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-
     # every thread of the process, not only this one (prctl's filter is the caller's alone): the threads
     # made before it (scenarios/threads.py's spares, where student code runs too) get it as well
-    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise _err("prctl(PR_SET_NO_NEW_PRIVS)")
-    prog_struct = Prog(len(bpf) // 8, bpf)
-    r = _libc.syscall(ctypes.c_long(seccomp), ctypes.c_uint(_SECCOMP_SET_MODE_FILTER),
-                      ctypes.c_uint(_SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog_struct))
-    if r != 0:
-        raise _err("installing the thread filter on every thread") if r < 0 else ConfineError(
-            1, f"sandbox: thread {r} could not take the thread filter")
+    install_seccomp(b"".join(struct.pack("=HBBI", *ins) for ins in prog), every_thread_nr=seccomp)
     return True
 
 

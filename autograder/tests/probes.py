@@ -250,6 +250,14 @@ def _wrong_forward(o, lse, q, k, v, causal, scale) -> list[str]:
     return wrong
 
 
+def _off(a: torch.Tensor, e: torch.Tensor, rel: float) -> torch.Tensor:
+    """Where a is off e by more than rel·(1 + |e|) (bool, e's shape); equal infinities agree, NaN never does."""
+    a64, e64 = a.detach().double(), e.detach().double()
+    both_inf = torch.isinf(a64) & torch.isinf(e64) & (a64 == e64)
+    err = torch.where(both_inf, torch.zeros_like(a64), (a64 - e64).abs()).nan_to_num(math.inf)
+    return err > rel * (1.0 + e64.abs().nan_to_num(0.0, 0.0, 0.0))
+
+
 def _heads_differ(o, lse, q, k, v, causal: bool) -> bool:
     """Whether o and lse are right (to float32 rounding) in some (batch, head)s and wrong in others, or a wrong
     one holds another head's expected values: an offset of a head's data, not the tile math."""
@@ -260,10 +268,7 @@ def _heads_differ(o, lse, q, k, v, causal: bool) -> bool:
     for a, e, inner in ((o, ref_o, 2), (lse, ref_lse, 1)):
         if not isinstance(a, torch.Tensor) or a.shape != e.shape:
             return False
-        a64, e64 = a.detach().double().reshape(-1, *e.shape[-inner:]), e.detach().double().reshape(-1, *e.shape[-inner:])
-        both_inf = torch.isinf(a64) & torch.isinf(e64) & (a64 == e64)
-        err = torch.where(both_inf, torch.zeros_like(a64), (a64 - e64).abs()).nan_to_num(math.inf)
-        bad = err > 1e-4 * (1.0 + e64.abs().nan_to_num(0.0, 0.0, 0.0))
+        bad = _off(a.reshape(-1, *e.shape[-inner:]), e.reshape(-1, *e.shape[-inner:]), 1e-4)
         ok.append(~bad.reshape(bad.shape[0], -1).any(1))
     heads_ok = ok[0] & ok[1]
     if bool(heads_ok.any()) and not bool(heads_ok.all()):
@@ -286,10 +291,7 @@ def _wrong_where_keys_are_seen(o, lse, ref_o, ref_lse, nq: int, nk: int) -> bool
     for a, e, row_dim in ((o, ref_o, -2), (lse, ref_lse, -1)):
         if not isinstance(a, torch.Tensor) or a.shape != e.shape or not a.numel():
             continue
-        a64, e64 = a.detach().double(), e.detach().double()
-        both_inf = torch.isinf(a64) & torch.isinf(e64) & (a64 == e64)
-        err = torch.where(both_inf, torch.zeros_like(a64), (a64 - e64).abs()).nan_to_num(math.inf)
-        bad = err > 1e-5 * (1.0 + e64.abs().nan_to_num(0.0, 0.0, 0.0))
+        bad = _off(a, e, 1e-5)
         dim = row_dim % bad.dim()
         rows = bad.movedim(dim, 0).reshape(bad.shape[dim], -1).any(1)
         if bool((rows & seen).any()):
