@@ -956,6 +956,8 @@ def print_summary(summary: dict, out: Path) -> None:
     if any(replaced.values()):
         t.add_row("judges replaced", ", ".join(f"{n} ({why})" for why, n in sorted(replaced.items()) if n))
     t.add_row("sandbox", escape(summary["sandbox"]))
+    if summary.get("passed_over"):
+        t.add_row("not used", escape(summary["passed_over"]))
     t.add_row("process limit", escape(summary["process_limit"]))
     t.add_row("grades", escape(str(out / "grades.csv")))
     Console(stderr=True).print(t)

@@ -195,6 +195,8 @@ class Sandbox:
     kind: str = "rlimits"
     landlock_abi: int = 0  # uid mode: the Landlock ABI applied to every worker (0: permissions only)
     spool: str | None = None  # uid mode: parent of the workers' scratch folders (root-owned, 0711)
+    # "auto" chose a weaker mode than it tried first: why that one was not used ("bubblewrap: <reason>")
+    passed_over: str = ""
     # how this submission's workers started (note_worker, mode_used): with_uid gives each submission its own
     used: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -227,7 +229,7 @@ class Sandbox:
         return {"sandbox": self.mode, "sandbox_kind": self.kind, "process_limit": self.process_limit,
                 "uid": self.uid if self.kind != "rlimits" else None, "landlock_abi": self.landlock_abi,
                 "workers": workers.get(self.kind, "forked from the judge's fork server"),
-                "limits": self.limits.__dict__}
+                "limits": self.limits.__dict__, **({"passed_over": self.passed_over} if self.passed_over else {})}
 
     def with_uid(self, uid: int | None) -> "Sandbox":
         if self.kind == "uid":  # a spool of its own: its sweep() must not touch another slot's workers
@@ -792,8 +794,8 @@ def _detect(prefer: str, _bwrap_env: str) -> Sandbox:
         reasons.append(why)
     if prefer in ("auto", "uid"):
         box, why = _try_uid(seccomp, limits)
-        if box:
-            return box
+        if box:  # (in auto mode: say why bubblewrap was not the one, in every result and summary)
+            return replace(box, passed_over=f"bubblewrap: {reasons[0]}") if reasons else box
         reasons.append(why)
     box = Sandbox(f"rlimits-only ({'; '.join(reasons)})", limits, None, None, seccomp, None, "rlimits")
     if seccomp:  # without isolation only the launcher's part can be checked: is fork refused?

@@ -315,3 +315,21 @@ def test_a_refusal_names_what_a_weaker_mode_would_be_and_who_asked(monkeypatch):
     assert (f"strongest mode this machine has, {best.mode}" in said) if best.isolating else \
         ("resource limits only" in said)
     sandbox._detect.cache_clear()
+
+
+def test_auto_says_why_bubblewrap_was_not_used(monkeypatch):
+    """An outside instructor: with bubblewrap missing, `auto` graded in the uid mode and recorded that mode,
+    but not why bubblewrap was passed over. The box (and so every summary and result) keeps the reason."""
+    monkeypatch.delenv(sandbox.ENV_MODE, raising=False)
+    monkeypatch.setenv(sandbox.ENV_BWRAP, "/nonexistent/bwrap")
+    sandbox._detect.cache_clear()
+    try:
+        box = detect("auto")
+        if box.kind != "uid":
+            pytest.skip(f"no uid sandbox here ({box.mode})")
+        assert box.passed_over.startswith("bubblewrap: ") and "bwrap not found" in box.passed_over
+        assert box.describe()["passed_over"] == box.passed_over
+        assert box.with_uid(64011).passed_over == box.passed_over  # each judge's copy keeps it
+        assert "passed_over" not in detect("uid").describe()  # asked for by name: nothing was passed over
+    finally:
+        sandbox._detect.cache_clear()
