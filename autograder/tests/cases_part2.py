@@ -756,14 +756,17 @@ def forward_peak_bound(case: AttnCase) -> int:
     - inside the loops, one (Q block, K/V block) tile of B_r × B_c and what follows from it (masked S,
       S - m, P̃: each read by the next, two live at once, a third for a float64 copy or an einsum's
       reshape), and m, ℓ, acc of the Q block with their updates (old and new values, α, acc·α, P̃V: up to
-      three B_r·(dv + 2) at once): 3·B_r·(B_c + dv + 2).
+      three B_r·(dv + 2) at once): 3·B_r·(B_c + dv + 2), with B_r and B_c the tile's extents (a Q block of
+      Nq < block_q rows is Nq rows). One of those three units may be a buffer sized for a whole tile,
+      block_q × (block_k + dv + 2), allocated once and written tile by tile (a GPU's shared memory is): with
+      Nq = 1 and block_q = 32 such a buffer holds 32 rows where the tile has one, and is still one tile.
     Measured over the catalogue (instructor/equivalents, every part-2 case): beyond Nq·(2·dv + 3) the
     reference uses at most 1.55 of those 3 units, the worst variants 1.82 (the causal mask counted by a
     cumsum of ones_like(S), made "from q and k" by its shape) and 1.76 (FA2 with m, ℓ, acc of all rows in
     buffers); tests/test_liveness.py checks the reference against 2 units on the long-row cases."""
     lead = math.prod(case.lead)
     br, bc, dv = min(case.block_q, case.nq), min(case.block_k, case.nk), case.d_v
-    return lead * (case.nq * (2 * dv + 3) + 3 * br * (bc + dv + 2))
+    return lead * (case.nq * (2 * dv + 3) + 2 * br * (bc + dv + 2) + case.block_q * (case.block_k + dv + 2))
 
 
 def peak_separates(case: AttnCase) -> bool:
