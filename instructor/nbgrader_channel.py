@@ -25,7 +25,9 @@ Design (the engine, not the notebook kernel, decides the points):
   nbgrader with a non-zero exit (nbgrader_config.py); a sandbox that is not available stops the
   run unless c.EngineGrade.allow_weak_sandbox = True; so do options with which the reference
   solutions do not score full marks (checked once per run, before the first notebook; that grade
-  also scales the call time limits, as in the batch). A course that grades the notebook with a
+  also scales the call time limits, as in the batch). A refused run first turns the gradebook's
+  earlier autograded scores of the notebook at hand into 'not graded': an old grade never stands
+  in for a re-grade that did not happen. A course that grades the notebook with a
   config of its own runs none of this: the notebook says so on top.
 
     python -m instructor.nbgrader_channel extract NOTEBOOK --out DIR   # the .py files of a notebook
@@ -307,7 +309,11 @@ class EngineGrade(NbGraderPreprocessor):
         for cell in test_cells.values():  # nothing of a kernel run counts: only what the engine writes below
             cell.outputs = [_error("NotGraded", "this cell was not graded by the course's engine")]
             cell.execution_count = None
-        options = checked_options(self)
+        try:
+            options = checked_options(self)
+        except SystemExit:  # a refused run: no grade of an earlier run may stand in for this one
+            self._void_stored_grades(resources, list(test_cells))
+            raise
         with tempfile.TemporaryDirectory(prefix="nbgrader-engine-") as tmp:
             graded = grade_one(None, Path(tmp), options, name=str(student), take=lambda dest: take_notebook(nb, dest))
         if graded.status == "failed to grade":  # fail closed: 0 points with a reason
@@ -335,6 +341,29 @@ class EngineGrade(NbGraderPreprocessor):
         self.log.info("engine grade for %s: %s / %s (%s; sandbox: %s)", student, view["total"], view["max_total"],
                       graded.status, view["sandbox"])
         return nb, resources
+
+    def _void_stored_grades(self, resources: dict, grade_ids: list[str]) -> None:
+        """The gradebook's autograded scores of this notebook, from an earlier run, become 'not graded'
+        (no score, needs grading): a re-grade that refuses (a sandbox not available, options the
+        reference fails with) must not leave the old points standing in `nbgrader export`."""
+        info = resources.get("nbgrader") or {}
+        if not info.get("db_url"):
+            return
+        try:
+            from nbgrader.api import Gradebook, MissingEntry
+
+            with Gradebook(info["db_url"]) as gb:
+                for grade_id in grade_ids:
+                    try:
+                        grade = gb.find_grade(grade_id, info["notebook"], info["assignment"], info["student"])
+                    except MissingEntry:  # graded for the first time: nothing stored
+                        continue
+                    grade.auto_score = None
+                    grade.needs_manual_grade = True
+                gb.db.commit()
+        except Exception as e:  # noqa: BLE001 -- the refusal itself must still stop the run
+            self.log.error("could not clear the earlier grades of %s: %s", info.get("student"),
+                           sanitize.line(f"{type(e).__name__}: {e}", 200))
 
     def preprocess_cell(self, cell: Any, resources: dict, index: int) -> tuple[Any, dict]:  # pragma: no cover
         return cell, resources

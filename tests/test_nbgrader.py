@@ -312,6 +312,25 @@ def test_even_a_real_kernel_forced_on_the_command_line_scores_0(cycle):
     assert "refusing" in r.stdout + r.stderr and "not the course engine's grade" in r.stdout + r.stderr
 
 
+def test_a_refused_regrade_leaves_no_earlier_grade_standing(cycle):
+    """An outside instructor: a notebook graded 100 was replaced by the untouched one and re-graded where
+    the sandbox was refused; nbgrader exited 1 but `nbgrader export` still gave the old 100. A refused
+    run now turns this notebook's stored autograded scores into 'not graded' before it stops."""
+    course = cycle["course"]
+    d = course / "submitted" / "regraded" / ASSIGNMENT
+    d.mkdir(parents=True)
+    nbformat.write(cycle["submissions"]["complete"], d / f"{ASSIGNMENT}.ipynb")
+    (d / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
+    r = _nbgrader(course, "autograde", ASSIGNMENT, "--student", "regraded", "--force")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert _scores(course, "regraded")[part_grade_id(1)] == 15
+    nbformat.write(cycle["submissions"]["starter"], d / f"{ASSIGNMENT}.ipynb")
+    r = _nbgrader(course, "autograde", ASSIGNMENT, "--student", "regraded", "--force", "--EngineGrade.sandbox=bogus")
+    assert r.returncode != 0 and "unknown sandbox mode 'bogus'" in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+    scores = _scores(course, "regraded")
+    assert scores and not any(scores.values()), scores
+
+
 def _engine_config(**kw):
     from types import SimpleNamespace
 
