@@ -102,7 +102,11 @@ MAKEFILE = """\
 PYTHON ?= python{python}
 VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# The stamp names the pins it installed (a checksum of requirements.txt and requirements.lock): a fresh
+# clone, whose files are newer than any stamp but pin the same versions, installs nothing (nor touches a
+# virtualenv shared through a symlink); other pins install theirs.
+PINS   := $(shell cat requirements.txt requirements.lock 2>/dev/null | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(PINS)
 # torch's CPU build comes from PyTorch's CPU index (PyPI's Linux wheel is the much larger CUDA
 # build). Offline, or with a local torch 2.13.0 wheel that pip finds: make venv TORCH_INDEX=
 TORCH_INDEX ?= {torch_index}
@@ -127,10 +131,11 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements.lock
+$(STAMP):
 \t@command -v $(PYTHON) >/dev/null || {{ echo "error: $(PYTHON) not found; install Python {python} or run make PYTHON=/path/to/python{python}"; exit 1; }}
 \ttest -x $(PY) || $(PYTHON) -m venv $(VENV)
 \t$(PY) -m pip install --quiet --disable-pip-version-check $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r requirements.txt -c requirements.lock
+\trm -f $(VENV)/.installed $(VENV)/.installed-*
 \ttouch $(STAMP)
 
 # Not every test passes yet: the grader exits 1, and GNU make would add its own

@@ -301,6 +301,35 @@ def test_student_requirements_have_no_instructor_tools_and_cpu_torch():
     assert "--extra-index-url $(TORCH_INDEX)" in mk and rel.TORCH_CPU_INDEX in mk, "the CPU build's index"
 
 
+@pytest.mark.parametrize("which", ["course", "release"])
+def test_a_fresh_clone_with_the_same_pins_installs_nothing(which, tmp_path):
+    """An outside instructor: in a fresh clone whose .venv is a symlink to a shared virtualenv, `make grade`
+    ran pip against the shared venv and touched its stamp, because the clone's requirements files are
+    newer than the stamp. The stamp now names the pins it installed: the same pins install nothing,
+    whatever the files' times; other pins install theirs."""
+    import time
+
+    text = (ROOT / "Makefile").read_text() if which == "course" else rel.generated_files()["Makefile"]
+    (tmp_path / "Makefile").write_text(text)
+    for name in ("requirements.txt", "requirements.lock"):
+        (tmp_path / name).write_text(f"pins of {name}\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+
+    def dry_run() -> str:
+        return subprocess.run(["make", "-n", "venv"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    plan = dry_run()
+    assert "pip install" in plan
+    stamp = re.search(r"touch (\.venv/\.installed-\w+)", plan).group(1)
+    (tmp_path / stamp).touch()
+    time.sleep(0.01)
+    for name in ("requirements.txt", "requirements.lock"):  # a fresh clone: newer files, the same pins
+        os.utime(tmp_path / name)
+    assert "pip install" not in dry_run()
+    (tmp_path / "requirements.lock").write_text("other pins\n")
+    assert "pip install" in dry_run()
+
+
 def test_every_import_of_the_release_is_in_the_student_lock(release):
     """Each top-level import of a shipped .py file is the standard library, the release itself, or
     a package of requirements-student.lock."""
