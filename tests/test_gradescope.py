@@ -227,6 +227,13 @@ def test_publish_only_takes_a_clean_exit(tmp_path):
     assert publish(0, str(tmp_path / "absent.json"), str(dest)) == FAILED
     (tmp_path / "private.json").write_text("[1, 2]")
     assert publish(0, str(tmp_path / "private.json"), str(dest)) == FAILED
+    # a judge that refused (exit 1) wrote its own failing result, with the mode it refused: published as is
+    own = {**FAILED, "extra_data": {"status": "failed to grade", "sandbox": "rlimits-only (bwrap not found)"}}
+    (tmp_path / "private.json").write_text(json.dumps(own))
+    assert publish(1, str(tmp_path / "private.json"), str(dest)) == own == json.loads(dest.read_text())
+    for forged in ({**own, "score": 1.0}, {**own, "tests": [{"score": 5}]}, {**own, "extra_data": {}}):
+        (tmp_path / "private.json").write_text(json.dumps(forged))  # points or no failure: not with exit 1
+        assert publish(1, str(tmp_path / "private.json"), str(dest)) == FAILED
 
 
 def test_setup_checks_the_sandbox_mode():
@@ -275,6 +282,38 @@ def test_a_refusal_records_the_sandbox_mode_it_refused(tmp_path, monkeypatch, ca
     assert res["extra_data"] == {"status": "failed to grade", "sandbox": "rlimits-only (no isolation here)"}
     assert "sandbox not available: rlimits-only" in capsys.readouterr().out
     assert "sandbox" not in gs.failing_result()["extra_data"]  # nothing detected, nothing claimed
+
+
+def test_a_refusal_exits_non_zero_and_the_weak_flag_takes_the_strongest_mode(tmp_path, monkeypatch, capsys):
+    """An outside instructor: `run` printed 'autograder failure: sandbox not available' and exited 0;
+    and GRADER_SANDBOX=bubblewrap with the weak flag, bubblewrap missing, graded with resource limits
+    only where the uid mode isolates (the batch and nbgrader took the uid mode). Now the refusal exits 1
+    (its failing results.json written all the same), and the flag takes the strongest mode here."""
+    import instructor.gradescope.__main__ as gs
+    from instructor import sandbox
+
+    (tmp_path / "submission").mkdir()
+    monkeypatch.setenv("GRADER_SANDBOX", "rlimits")
+    monkeypatch.delenv("AUTOGRADER_ALLOW_WEAK_SANDBOX", raising=False)
+    assert gs.run_command(tmp_path, None, None) == 1
+    res = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert res["score"] == 0 and res["extra_data"]["status"] == "failed to grade"
+    assert "set by GRADER_SANDBOX=rlimits" in capsys.readouterr().out
+    monkeypatch.setenv("GRADER_SANDBOX", "bubblewrap")
+    monkeypatch.setenv("GRADER_BWRAP", "/nonexistent/bwrap")
+    monkeypatch.setenv("AUTOGRADER_ALLOW_WEAK_SANDBOX", "1")
+    sandbox._detect.cache_clear()
+    try:
+        best = sandbox.detect("uid")
+        box = gs.grading_box()
+        assert box.mode == (best.mode if best.isolating else box.mode) and (box.isolating or not best.isolating)
+        monkeypatch.delenv("AUTOGRADER_ALLOW_WEAK_SANDBOX")
+        said = gs.sandbox_refusal(sandbox.detect())
+        assert "set by GRADER_SANDBOX=bubblewrap" in said and "bwrap not found" in said
+        if best.isolating:
+            assert f"the strongest mode this machine has, {best.mode}" in said
+    finally:
+        sandbox._detect.cache_clear()
 
 
 def test_the_build_refuses_hidden_tests_that_miss_a_part():

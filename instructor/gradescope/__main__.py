@@ -23,7 +23,7 @@ from typing import Sequence
 from autograder.grade import Parser, UsageError, run_cli, writable_file
 
 from ..grading import Options, grade_one
-from ..sandbox import detect
+from ..sandbox import SandboxError, detect, require
 from .results import results_json
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -144,11 +144,29 @@ def time_budget_s() -> float:
 def sandbox_refusal(box) -> str | None:
     """Why this machine's sandbox is not good enough to grade on, or None. A mode that does not
     isolate (resource limits only, the uid mode without Landlock) is refused unless the instructor
-    set AUTOGRADER_ALLOW_WEAK_SANDBOX=1."""
-    if not box.isolating and os.environ.get(WEAK_OK) != "1":
-        return (f"sandbox not available: {box.mode}; the autograder refuses to grade without isolation "
-                f"(set {WEAK_OK}=1 in setup.sh and run_autograder to accept a sandbox that does not isolate)")
-    return None
+    set AUTOGRADER_ALLOW_WEAK_SANDBOX=1. The reason is sandbox.require's, as in every channel: the
+    mode that was asked for and why it is not here, GRADER_SANDBOX when that asked, and the mode
+    the flag would give."""
+    if box.isolating or os.environ.get(WEAK_OK) == "1":
+        return None
+    try:
+        require("auto", False, to_accept=f"set {WEAK_OK}=1 in setup.sh and run_autograder")
+    except SandboxError as e:
+        return f"sandbox not available: {str(e).removeprefix('refusing to grade: ')}"
+    return (f"sandbox not available: {box.mode}; the autograder refuses to grade without isolation "
+            f"(set {WEAK_OK}=1 in setup.sh and run_autograder to accept a sandbox that does not isolate)")
+
+
+def grading_box():
+    """The sandbox this image grades in: the one `auto` (or GRADER_SANDBOX) finds, or, where that one
+    does not isolate and AUTOGRADER_ALLOW_WEAK_SANDBOX=1 accepts a weaker mode, the strongest this
+    machine has (sandbox.require with allow_weak, as the batch's --allow-weak-sandbox and nbgrader's
+    allow_weak_sandbox): never resource limits only where the uid mode would run. Raises
+    SandboxError where GRADER_SANDBOX names no mode."""
+    box = detect()
+    if not box.isolating and os.environ.get(WEAK_OK) == "1":
+        box = require("auto", True)
+    return box
 
 
 def failing_result(reason: str = "", sandbox: str | None = None) -> dict:
@@ -181,7 +199,7 @@ def run(root: Path, parts: Sequence[int] | None = None, out: Path | None = None)
     t0 = time.perf_counter()
     out = out or root / "results" / "results.json"
     try:
-        box = detect()
+        box = grading_box()
         refusal = sandbox_refusal(box)
         if refusal:
             result = failing_result(refusal, box.mode)
@@ -208,10 +226,8 @@ def run(root: Path, parts: Sequence[int] | None = None, out: Path | None = None)
 
 def check(allow_weak: bool = False) -> int:
     """setup.sh's check: the sandbox this image gives, one line; non-zero if it is refused."""
-    from ..sandbox import SandboxError
-
     try:
-        box = detect()
+        box = grading_box()
     except SandboxError as e:  # e.g. GRADER_SANDBOX names a mode this machine cannot give
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -265,7 +281,9 @@ def run_command(root: Path, parts_text: str | None, out: Path | None) -> int:
         raise
     result = run(root, parts, out)
     print(f"score {result['score']:g}")
-    return 0
+    # not graded (a refused sandbox, the engine failed): a failing results.json is written, and the exit
+    # status says so too (run_autograder's log; publish.py still publishes that result: 0 points)
+    return 1 if (result.get("extra_data") or {}).get("status") == "failed to grade" else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
