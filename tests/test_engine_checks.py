@@ -109,3 +109,17 @@ def test_check_tensor_names_the_type_dtype_or_shape(value, kind, says):
     t = torch.zeros(2, 3)
     assert check_tensor(t, what="o", shape=torch.Size([2, 3]), dtype=torch.float32) is t
     assert check_tensor(t, what="o") is t  # shape and dtype are optional
+
+
+def test_a_hint_that_names_nothing_comes_last_and_a_cut_keeps_whole_words():
+    """A student's hidden-test hint was the probes' list of what passed, cut mid-word, and nothing else
+    (the clause that named the pattern came after it and was cut). A clause that names nothing goes
+    last, and a line is cut at a word, with an ellipsis."""
+    from autograder.engine import sanitize
+    from autograder.engine.checks import NAMES_NOTHING, join_hints
+
+    joined = join_hints(f"{NAMES_NOTHING}: all 3 probes are correct (a, b, c)", "rescale acc by exp(m_old - m_new)")
+    assert joined.startswith("rescale acc") and joined.endswith("(a, b, c)")
+    cut = sanitize.line("causal, Q blocks whose last visible key opens a K/V block " * 4, 100)
+    assert len(cut) <= 100 and cut.endswith("…") and cut[:-1].split()[-1] in "causal, Q blocks whose last visible key opens a K/V block".split()
+    assert sanitize.line("x" * 300, 100) == "x" * 99 + "…"  # no space to cut at: the limit

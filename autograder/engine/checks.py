@@ -98,9 +98,15 @@ def _type_name(x: Any) -> str:
     return type(x).__name__
 
 
+# The start of a probe ladder's message when no probe failed (probes.NEUTRAL): it names nothing, so it
+# comes after every clause that does (a hint may be cut to a length: what is cut is the list of probes)
+NAMES_NOTHING = "the probes found no smaller input that fails"
+
+
 def join_hints(*parts: str | None) -> str:
     """Hints joined with "; ", each clause once (a clause inside another one counts as said): a probe's
-    finding and a check's own hint often say the same thing, and a student should read it once."""
+    finding and a check's own hint often say the same thing, and a student should read it once. A
+    clause that names nothing (NAMES_NOTHING) goes last."""
     seen: list[str] = []
     for part in parts:
         for clause in (part or "").split("; "):
@@ -108,7 +114,7 @@ def join_hints(*parts: str | None) -> str:
             if not clause or any(clause in s for s in seen):  # said already (maybe after a "found: " lead)
                 continue
             seen = [s for s in seen if s not in clause] + [clause]
-    return "; ".join(seen)
+    return "; ".join(sorted(seen, key=lambda c: c.startswith(NAMES_NOTHING)))
 
 
 def check(condition: bool, *, what: str, detail: str = "", hint: str | None = None,

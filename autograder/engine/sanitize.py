@@ -60,7 +60,15 @@ def _printable(text: str, keep: str = "") -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+    """text in at most `limit` characters: cut at the last space of its final quarter where there is
+    one (a word is never cut in the middle), and marked with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    head = text[: max(0, limit - 1)]
+    space = head.rfind(" ")
+    if space >= (3 * limit) // 4:
+        head = head[:space].rstrip(" ,;:")
+    return head + "…"
 
 
 def line(value: object, limit: int = LINE_CHARS) -> str:

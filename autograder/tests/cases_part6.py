@@ -7,7 +7,7 @@
     no NaN appears, even with more splits than keys or every segment empty; split_kv returns views.
 (c) what the JUDGE measures in its own replay of each call (autograder/engine/replay.py): no fused
     attention op (refused by the allow-list under any name); no float64 copy of float32 data;
-    matmul FLOPs between 4·Nq·Nk·d per (batch, head) (every key's score once, in exactly one segment)
+    matmul FLOPs between 2·Nq·Nk·(d + dv) per (batch, head) (every key's score once, in exactly one segment)
     and that plus 2·S·dv per query row (a combine written as a matmul/einsum over the S segments);
     with several segments no new tensor spans all Nk keys (each segment is attended on its own);
     split_kv's segments share the storage of the judge's own k and v.
@@ -44,8 +44,9 @@ HINT_SPLITS = ("split_kv returns exactly num_splits (k_seg, v_seg) pairs in key 
 HINT_PARTIAL_LSE = "lse_s = m + log ℓ over the segment's scaled scores, in natural log (§4.4, §5.1)"
 HINT_DECODE_FUSED = ("flash_decode must compute each segment's attention itself with torch matmuls, no fused "
                      "attention kernel (§8.4)")
-HINT_DECODE_FLOPS = ("every key's score is computed once, in exactly one segment: Σ_s 4·Nq·n_s·d = 4·Nq·Nk·d "
-                     "matmul FLOPs per (batch, head); no second pass over all keys, no segment dropped")
+HINT_DECODE_FLOPS = ("every key's score is computed once, in exactly one segment: Σ_s 2·Nq·n_s·(d + dv) = "
+                     "2·Nq·Nk·(d + dv) matmul FLOPs per (batch, head); no second pass over all keys, no segment "
+                     "dropped")
 
 
 @dataclass(frozen=True)
@@ -61,18 +62,24 @@ class DecodeCase:
     scale: float | None = None
     dtype: str = "float32"
     seed: int = 0
+    dv: int | None = None  # v's head dim (default d): the default scale is 1/sqrt(d) of q and k, never of v
+
+    @property
+    def d_v(self) -> int:
+        return self.d if self.dv is None else self.dv
 
     @property
     def id(self) -> str:
         lead = "x".join(map(str, self.lead)) or "()"
         extra = f"-scale{self.scale:g}" if self.scale is not None else ""
+        extra += f"-dv{self.dv}" if self.dv is not None else ""
         return (f"{lead}-{self.nq}x{self.nk}x{self.d}-splits{self.num_splits}-qmul{self.q_mult:g}-{self.dtype}"
                 f"{extra}-s{self.seed}")
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(self.seed)
-        q, k, v = (torch.randn(*self.lead, n, self.d, generator=g, dtype=torch.float64)
-                   for n in (self.nq, self.nk, self.nk))
+        q, k, v = (torch.randn(*self.lead, n, dim, generator=g, dtype=torch.float64)
+                   for n, dim in ((self.nq, self.d), (self.nk, self.d), (self.nk, self.d_v)))
         dt = DTYPES[self.dtype]
         return (q * self.q_mult).to(dt), k.to(dt), v.to(dt)
 
@@ -174,7 +181,7 @@ def check_partial(student, case: DecodeCase) -> None:
                                                   (q0, empty_k, empty_v, case.scale), seed=None)
     o, lse = unpack(rp.result, 2, what="attention_partial returns (o, lse)")
     inputs = case.shown(q, empty_k, empty_v)
-    for name, t, shape in (("o", o, (*case.lead, case.nq, case.d)), ("lse", lse, (*case.lead, case.nq))):
+    for name, t, shape in (("o", o, (*case.lead, case.nq, case.d_v)), ("lse", lse, (*case.lead, case.nq))):
         check(type(t) is torch.Tensor and tuple(t.shape) == shape and t.dtype == q.dtype,
               what=f"{name} of attention_partial on an empty segment has shape {shape} and q's dtype",
               detail=f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}",
@@ -229,7 +236,7 @@ def check_combine(student, case: DecodeCase, lengths: list[int]) -> None:
 def check_combine_all_empty(student, case: DecodeCase, n: int = 3) -> None:
     """Every segment empty: ⊕ of identities is the identity, (o = 0, lse = -inf), with no NaN."""
     q, k, v = case.qkv()
-    partials = [(torch.zeros(*case.lead, case.nq, case.d, dtype=q.dtype),
+    partials = [(torch.zeros(*case.lead, case.nq, case.d_v, dtype=q.dtype),
                  torch.full((*case.lead, case.nq), -math.inf, dtype=q.dtype)) for _ in range(n)]
     rp, _, _ = replay.call(student, "flash_decoding.combine_partials", (partials,), seed=None)
     o, lse = unpack(rp.result, 2, what="combine_partials returns (o, lse)")
@@ -261,16 +268,16 @@ def check_no_upcast(rp: replay.Replayed, q: torch.Tensor, fn: str, inputs: dict)
 
 
 def decode_flops_bounds(case: DecodeCase) -> tuple[int, int]:
-    """(fewest, most) matmul FLOPs of a correct flash_decode: 4·Nq·Nk·d per (batch, head) for the
-    scores and P·V of every key once, plus up to 2·S·dv per query row when the combine's weighted
+    """(fewest, most) matmul FLOPs of a correct flash_decode: 2·Nq·Nk·(d + dv) per (batch, head) for
+    the scores and P·V of every key once, plus up to 2·S·dv per query row when the combine's weighted
     sum Σ_s w_s·o_s is written as a matmul / einsum (S = num_splits).
-    With one query row (or d = 1), a segment of one key makes P·V a (1 × 1)·(1 × d) product, which einsum
+    With one query row (or d = 1), a segment of one key makes P·V a (1 × 1)·(1 × dv) product, which einsum
     lowers to a plain `mul` (no matmul to count, as matmul_flops_defined says for parts 2 and 4); a legal
-    split may make up to min(S, Nk) such segments, so the fewest leaves out their 2·d per row."""
+    split may make up to min(S, Nk) such segments, so the fewest leaves out their 2·dv per row."""
     rows = math.prod(case.lead) * case.nq
-    exact = 4 * rows * case.nk * case.d
-    fewest = exact - (2 * rows * case.d * min(case.num_splits, case.nk) if case.nq == 1 or case.d == 1 else 0)
-    return fewest, exact + 2 * rows * case.num_splits * case.d
+    exact = 2 * rows * case.nk * (case.d + case.d_v)
+    fewest = exact - (2 * rows * case.d_v * min(case.num_splits, case.nk) if case.nq == 1 or case.d == 1 else 0)
+    return fewest, exact + 2 * rows * case.num_splits * case.d_v
 
 
 def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tensor, inputs: dict) -> None:
@@ -284,14 +291,14 @@ def check_decode_structure(rp: replay.Replayed, case: DecodeCase, q: torch.Tenso
     if got < low and rp.broadcast_product_elems:
         hint = f"a matmul is written as a broadcast multiply + sum ({rp.broadcast_product_elems:,} products); " \
                "use @ / torch.matmul"
-    exact = 4 * math.prod(case.lead) * case.nq * case.nk * case.d
+    exact = 2 * math.prod(case.lead) * case.nq * case.nk * (case.d + case.d_v)
     extra = f" (+ up to {high - exact:,} for a combine written as a matmul)" if high > exact else ""
     fewer = f" (- up to {exact - low:,} for P·V of one-key segments that einsum makes a mul)" if low < exact else ""
-    check(low <= got <= high, what="matmul FLOPs of flash_decode = 4·Nq·Nk·d per (batch, head)",
+    check(low <= got <= high, what="matmul FLOPs of flash_decode = 2·Nq·Nk·(d + dv) per (batch, head)",
           detail=f"counted {got:,}{dead_flops(rp, got)}, expected {exact:,}{extra}{fewer}", hint=hint, inputs=inputs)
     longest = max(split_lengths(case.nk, case.num_splits) or [0])
     rows = math.prod(case.lead)
-    others = (case.d, case.nq, case.num_splits, *nonempty_segments(case), *case.lead, rows, rows * case.nq)
+    others = (case.d, case.d_v, case.nq, case.num_splits, *nonempty_segments(case), *case.lead, rows, rows * case.nq)
     if case.num_splits > 1 and longest < case.nk and case.nk not in others:
         # scores (or anything else made from q and k) along Nk keys or more: all of them at once,
         # padded or not; a float64 copy of k alone is legal

@@ -428,7 +428,9 @@ def diagnose_forward(actual: torch.Tensor, which: str, q, k, v, *, causal: bool,
     place = _rows_place(actual, correct, tol=tol, which=which, n_rows=nq, block=block_q, masked=masked) if where else ""
     finding = ladder() if ladder else pb.forward_ladder(student) if student is not None else None
     rec = forward_probe_hint(finding) if finding else None
-    if rec is None and (finding is None or finding.failed is None):  # the probes localised nothing
+    if rec is not None:  # a known bug, proved on the failed probe's inputs: it, not the rung's guess
+        return _compose(finding.message(proven=rec), place)
+    if finding is None or finding.failed is None:  # the probes localised nothing
         rec = recognise_forward(actual, which, q, k, v, causal=causal, block_q=block_q, block_k=block_k,
                                 scale=scale, tol=tol)
     if finding is None or (finding.failed is None and rec):  # a recogniser proved it on this test's inputs
@@ -524,6 +526,65 @@ def backward_variants(q, k, v, o, lse, do, *, causal, block_q, block_k, scale):
     return out
 
 
+HINT_PAIRS_SKIPPED = ("its loops skip (Q block, K/V block) pairs in which some query sees some key: every such pair "
+                      "adds to dQ, dK and dV; with the K/V blocks outside, the first Q block that sees key j0 holds "
+                      "row j0 - (Nk - Nq), and with the Q blocks outside the last K/V block ends at min(Nk, i1 + Nk - "
+                      "Nq) (§6.2, §7.4)")
+
+
+def _blocks(n: int, block: int) -> list[tuple[int, int]]:
+    return [(a, min(a + block, n)) for a in range(0, n, block)]
+
+
+@remembered  # a pure function of the case's inputs: the same for every submission a judge grades
+def pair_contributions(q, k, v, o, lse, do, *, causal, block_q, block_k, scale) -> dict:
+    """{(which, (i0, i1), (j0, j1)): the (Q block, K/V block) pair's share of the `which` gradient, over the
+    rows of its block} for every pair in which some query sees some key (float64, §7.2-§7.4)."""
+    q, k, v, o, lse, do = (t.double() for t in (q, k, v, o, lse, do))
+    sc = _scale(q, scale)
+    nq, nk = q.shape[-2], k.shape[-2]
+    allowed = _mask(nq, nk, causal)
+    lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
+    p = torch.exp(sc * q @ k.transpose(-1, -2) - lse_safe.unsqueeze(-1)).masked_fill(~allowed, 0.0)
+    ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    out = {}
+    for i0, i1 in _blocks(nq, block_q):
+        for j0, j1 in _blocks(nk, block_k):
+            if not allowed[i0:i1, j0:j1].any():
+                continue
+            pij, dsij = p[..., i0:i1, j0:j1], ds[..., i0:i1, j0:j1]
+            out["dq", (i0, i1), (j0, j1)] = sc * dsij @ k[..., j0:j1, :]
+            out["dk", (i0, i1), (j0, j1)] = sc * dsij.transpose(-1, -2) @ q[..., i0:i1, :]
+            out["dv", (i0, i1), (j0, j1)] = pij.transpose(-1, -2) @ do[..., i0:i1, :]
+    return out
+
+
+def skipped_pairs_variant(actual: torch.Tensor, correct: torch.Tensor, which: str, contributions: dict,
+                          ) -> tuple[torch.Tensor, list[tuple[tuple[int, int], tuple[int, int]]]] | None:
+    """The `which` gradient of a backward that leaves out some whole (Q block, K/V block) pairs, fitted to
+    `actual`: per block of dQ's rows (dK's, dV's keys) the pairs whose shares best explain correct - actual
+    (least squares over the pairs' shares, rounded to 0 or 1), and which pairs those are; None when the
+    fit leaves out nothing."""
+    rows_of = (lambda key: key[1]) if which == "dq" else (lambda key: key[2])
+    groups: dict[tuple[int, int], list] = {}
+    for key, share in contributions.items():
+        if key[0] == which:
+            groups.setdefault(rows_of(key), []).append((key, share))
+    variant, dropped = correct.clone(), []
+    gap = (correct - actual.double())
+    for (r0, r1), items in groups.items():
+        target = gap[..., r0:r1, :].reshape(-1)
+        if not torch.isfinite(target).all():
+            return None
+        shares = torch.stack([share.reshape(-1) for _, share in items], dim=1)
+        x = torch.linalg.lstsq(shares, target.unsqueeze(1)).solution.squeeze(1)
+        for (key, share), xi in zip(items, x.tolist()):
+            if abs(xi - 1.0) < 0.25:
+                variant[..., r0:r1, :] -= share
+                dropped.append((key[1], key[2]))
+    return (variant, dropped) if dropped else None
+
+
 def recognise_backward(actual: Any, which: str, q, k, v, o, lse, do, *, causal: bool, block_q: int,
                        block_k: int, scale: float | None, tol: float) -> str | None:
     """The hint of the known buggy backward whose `which` gradient `actual` matches, if any."""
@@ -536,7 +597,21 @@ def recognise_backward(actual: Any, which: str, q, k, v, o, lse, do, *, causal: 
     variants = {name: (grads[idx], hint) for name, (grads, hint) in
                 backward_variants(q, k, v, o, lse, do, causal=causal, block_q=block_q, block_k=block_k,
                                   scale=scale).items()}
-    return _best_variant(actual, correct, variants, tol) or (HINT_BF16 if _sixteen_bit(actual, correct) else None)
+    named = _best_variant(actual, correct, variants, tol)
+    if named:
+        return named
+    fitted = skipped_pairs_variant(actual, correct, which, pair_contributions(
+        q, k, v, o, lse, do, causal=causal, block_q=block_q, block_k=block_k, scale=scale))
+    if fitted is not None:
+        variant, dropped = fitted
+        shown = ", ".join(f"rows {i0}..{i1 - 1} with keys {j0}..{j1 - 1}" for (i0, i1), (j0, j1) in dropped[:3])
+        more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+        hint = (f"{which} is what a backward gives that leaves out {len(dropped)} (Q block, K/V block) pair"
+                f"{'s' if len(dropped) > 1 else ''} ({shown}{more}): {HINT_PAIRS_SKIPPED}")
+        found = _best_variant(actual, correct, {"pairs_skipped": (variant, hint)}, tol)
+        if found:
+            return found
+    return HINT_BF16 if _sixteen_bit(actual, correct) else None
 
 
 def backward_probe_hint(finding: "pb.Finding") -> str | None:
@@ -574,7 +649,9 @@ def diagnose_backward(actual: torch.Tensor, which: str, q, k, v, o, lse, do, *, 
     if finding is None and student is not None:
         finding = pb.backward_ladder(student)
     rec = backward_probe_hint(finding) if finding else None
-    if rec is None and (finding is None or finding.failed is None):  # the probes localised nothing
+    if rec is not None:  # a known bug, proved on the failed probe's inputs: it, not the rung's guess
+        return _compose(finding.message(proven=rec), place)
+    if finding is None or finding.failed is None:  # the probes localised nothing
         rec = recognise_backward(actual, which, q, k, v, o, lse, do, causal=causal, block_q=block_q,
                                  block_k=block_k, scale=scale, tol=tol)
     if finding is None or (finding.failed is None and rec):  # a recogniser proved it on this test's inputs

@@ -26,14 +26,14 @@ import torch
 
 from autograder.engine import replay
 from autograder.engine import tolerances as tol
-from autograder.engine.checks import CheckFailure, check_close
+from autograder.engine.checks import NAMES_NOTHING, CheckFailure, check_close
 from autograder.engine.errors import StudentError, exception_hint
 from . import remember
 from .remember import attention_plain, attention_reference  # course.reference's, remembered across grades
 
 # A probe whose call crashes or times out stops the ladder: another call would cost another loss.
 _STOP_KINDS = {"timeout", "crash", "exit", "memory", "gave_up", "refused", "missing", "import", "output"}
-NEUTRAL = "the probes found no smaller input that fails"  # the prefix of every message that names nothing
+NEUTRAL = NAMES_NOTHING  # the prefix of every message that names nothing (join_hints puts it last)
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,13 @@ class Finding:
         return not any(isinstance(t, torch.Tensor) and t.is_floating_point() and bool(torch.isnan(t).any())
                        for t in leaves)
 
-    def message(self) -> str:
+    def message(self, proven: str | None = None) -> str:
+        """What the ladder found. proven: what a recogniser proved on the failed probe's own inputs (a known
+        bug): it replaces the rung's `implies`, which only says what the rung's new feature suggests."""
         if self.failed is None:
             n = len(self.passed)
             said = ", ".join(r.label for r in self.passed)  # what this ladder tried, in its own words
-            return f"{NEUTRAL}: all {n} probes ({said}) are correct" if n else f"{NEUTRAL} (no probe ran)"
+            return f"{NEUTRAL}: all {n} probes are correct ({said})" if n else f"{NEUTRAL} (no probe ran)"
         before = f"correct with {self.passed[-1].label}, " if self.passed else ""
         if self.raised:
             # what the exception itself most often means (errors.exception_hint: a shape error's sizes and
@@ -89,6 +91,8 @@ class Finding:
         which = " and ".join(self.wrong) + " wrong"
         if self.later_heads:
             return f"{before}wrong with {self.failed.label} ({which}, not in every head alike): {HEADS_TEXT}"
+        if proven:
+            return f"{before}wrong with {self.failed.label} ({which}): {proven}"
         if self.finite_case:
             return f"{before}wrong with {self.failed.label} ({which}, no NaN): {self.failed.finite}"
         if self.outside and self.failed.outside:
@@ -168,6 +172,8 @@ def _tensors(lead, shapes, seed, dtype, mult=1.0):
 
 _RESCALE = ("the merge across K/V blocks: when the row max grows, acc and ℓ must be rescaled by "
             "exp(m_old - m_new) (the rescale factor, not its inverse), and acc divided by ℓ once at the end (§5.1)")
+_DV = ("v's head dim dv may differ from the head dim d of q and k: o is (..., Nq, dv), and the default scale is 1/√d "
+       "of q and k (q.shape[-1]), never of v")
 FORWARD_RUNGS = [
     Rung("one full tile (Nq = Nk = 16, blocks 16)", dict(nq=16, nk=16, bq=16, bk=16),
          "the math inside one tile: S = scale·q kᵀ (scale=None means 1/√d), P̃ = exp(S - rowmax), "
@@ -197,6 +203,7 @@ FORWARD_RUNGS = [
          "leading dims: fold every leading dim into one batch dim (reshape(-1, N, d)) and restore them at the end"),
     Rung("no leading dim (q of shape (Nq, d))", dict(lead=(), nq=32, nk=32, bq=16, bk=16),
          "q, k, v may have no leading dim at all: (Nq, d)"),
+    Rung("v's head dim differs (d = 8, dv = 12)", dict(nq=32, nk=32, bq=16, bk=16, dv=12), _DV),
     Rung("causal, one tile (Nq = Nk = 16)", dict(nq=16, nk=16, bq=16, bk=16, causal=True),
          "the element-wise causal mask: query i sees key j iff j <= i (here Nq = Nk); masked scores are -inf "
          "before the max and the exp"),
@@ -228,16 +235,21 @@ FORWARD_RUNGS = [
     Rung("peaked float32 scores (q × 40)", dict(nq=64, nk=64, bq=16, bk=16, dtype=torch.float32, mult=40.0),
          "large scores: subtract the running max before exp so no exponent is > 0 (§4.2), and rescale with "
          "exp(m_old - m_new) <= 1"),
+    Rung("causal, peaked float32 scores (q × 40)", dict(nq=64, nk=64, bq=16, bk=16, causal=True, dtype=torch.float32,
+                                                        mult=40.0),
+         "masked keys must not enter the row max nor ℓ: set S to -inf where j > i + (Nk - Nq) BEFORE the max and the "
+         "exp (a large masked score in m makes exp(S - m) of the visible keys underflow), not P to 0 after it"),
 ]
 KERNEL_SKIP = {"an explicit scale (scale = 0.3)", "no leading dim (q of shape (Nq, d))",
-               "N = 1 (a single tile shorter than the blocks)"}
+               "N = 1 (a single tile shorter than the blocks)", "v's head dim differs (d = 8, dv = 12)"}
 
 
 def forward_inputs(spec: dict[str, Any], seed: int = 7):
     lead = spec.get("lead", (2,))
     dtype = spec.get("dtype", torch.float64)
     d = spec.get("d", 8)
-    return _tensors(lead, [(spec["nq"], d), (spec["nk"], d), (spec["nk"], d)], seed, dtype, spec.get("mult", 1.0))
+    dv = spec.get("dv", d)
+    return _tensors(lead, [(spec["nq"], d), (spec["nk"], d), (spec["nk"], dv)], seed, dtype, spec.get("mult", 1.0))
 
 
 def _wrong_forward(o, lse, q, k, v, causal, scale) -> list[str]:
@@ -370,6 +382,9 @@ BACKWARD_RUNGS = [
          "the scale argument: S = scale·Q Kᵀ, dQ = scale·dS K, dK = scale·dSᵀ Q with the given scale"),
     Rung("leading dims (2, 3)", dict(lead=(2, 3), nq=32, nk=32, bq=16, bk=16),
          "leading dims: fold every leading dim into one batch dim and restore them at the end"),
+    Rung("v's head dim differs (d = 8, dv = 12)", dict(nq=32, nk=32, bq=16, bk=16, dv=12),
+         "v's head dim dv may differ from d: dv and do have v's head dim, dq and dk q's and k's, and the default "
+         "scale is 1/√d of q and k, never of v"),
     Rung("causal, one tile (Nq = Nk = 16)", dict(nq=16, nk=16, bq=16, bk=16, causal=True),
          "the element-wise causal mask: key j is visible to query i iff j <= i (the diagonal included); "
          "P = 0 where masked"),
@@ -395,7 +410,8 @@ def backward_inputs(spec: dict[str, Any], seed: int = 11):
     lead = spec.get("lead", (2,))
     dtype = spec.get("dtype", torch.float64)
     d = 8
-    q, k, v, do = _tensors(lead, [(spec["nq"], d), (spec["nk"], d), (spec["nk"], d), (spec["nq"], d)], seed, dtype)
+    dv = spec.get("dv", d)
+    q, k, v, do = _tensors(lead, [(spec["nq"], d), (spec["nk"], d), (spec["nk"], dv), (spec["nq"], dv)], seed, dtype)
     return q, k, v, do
 
 
@@ -496,6 +512,7 @@ PARTIAL_RUNGS = [
          {frozenset({"lse"}): "lse_s = m + log ℓ over the segment's scaled scores, in natural log (§4.4, §5.1)"}),
     Rung("an explicit scale (0.3)", dict(nk=12, scale=0.3),
          "the scale argument: S = scale · q kᵀ; only scale=None means 1/√d"),
+    Rung("v's head dim differs (d = 8, dv = 12)", dict(nk=12, dv=12), _DV),
     Rung("peaked scores (q × 40)", dict(nk=12, mult=40.0),
          "large scores: subtract the row max before exp (§4.2)"),
     Rung("an empty segment (0 keys)", dict(nk=0),
@@ -506,7 +523,7 @@ PARTIAL_RUNGS = [
 def partial_ladder(student) -> Finding:
     def one(r: Rung):
         s = r.spec
-        q, k, v = _tensors((2,), [(1, 8), (s["nk"], 8), (s["nk"], 8)], 6, torch.float64, s.get("mult", 1.0))
+        q, k, v = _tensors((2,), [(1, 8), (s["nk"], 8), (s["nk"], s.get("dv", 8))], 6, torch.float64, s.get("mult", 1.0))
         o, lse = _pair(student.call("flash_decoding.attention_partial", q, k, v, s.get("scale")))
         if s["nk"] == 0:
             ok_o = type(o) is torch.Tensor and tuple(o.shape) == (2, 1, 8) and bool((o == 0).all())
@@ -527,6 +544,7 @@ DECODE_RUNGS = [
          "empty segments (o = 0, lse = -inf) must pass through ⊕ as the identity, no NaN"),
     Rung("an explicit scale (0.3)", dict(nk=12, splits=2, scale=0.3),
          "the scale argument reaches every attention_partial call"),
+    Rung("v's head dim differs (d = 8, dv = 12)", dict(nk=12, splits=2, dv=12), _DV),
     Rung("two queries (Nq = 2)", dict(nk=12, splits=2, nq=2),
          "Nq > 1: every query row is combined on its own"),
 ]
@@ -535,7 +553,7 @@ DECODE_RUNGS = [
 def decode_ladder(student) -> Finding:
     def one(r: Rung):
         s = r.spec
-        q, k, v = _tensors((2,), [(s.get("nq", 1), 8), (s["nk"], 8), (s["nk"], 8)], 8, torch.float64, 10.0)
+        q, k, v = _tensors((2,), [(s.get("nq", 1), 8), (s["nk"], 8), (s["nk"], s.get("dv", 8))], 8, torch.float64, 10.0)
         o, lse = _pair(student.call("flash_decoding.flash_decode", q, k, v, s["splits"], s.get("scale")))
         return _wrong_forward(o, lse, q, k, v, False, s.get("scale")), (o, lse), (q, k, v)
     return _climb(student, DECODE_RUNGS, one)
@@ -559,6 +577,8 @@ def _rows(kind: str, shape=(3, 6), seed=3) -> torch.Tensor:
         x[1] = -math.inf
     elif kind == "negative":
         x = -x.abs() - 1.0
+    elif kind == "spread":  # row i shifted by 400·i: one max for the whole tensor underflows the lower rows
+        x = x + 400.0 * torch.arange(x.shape[-2], dtype=x.dtype).unsqueeze(-1)
     return x
 
 
@@ -573,6 +593,9 @@ SOFTMAX_RUNGS = [
          "-inf scores get probability 0 and do not break the row's max or sum"),
     Rung("rows shifted by +1000", dict(kind="shifted", shape=(3, 6), naive=False),
          "large scores: subtract the row max before exp so no exponent is > 0 (§4.2); exp(1000) overflows"),
+    Rung("rows 400 apart (row i shifted by 400·i)", dict(kind="spread", shape=(3, 6), naive=False),
+         "each row subtracts its OWN max (amax over dim=-1, keepdim=True), not one max of the whole tensor: a "
+         "row far below the global max underflows to 0"),
     Rung("an all -inf row", dict(kind="allneginf", shape=(3, 6), naive=False),
          "an all -inf row has no max to subtract: guard exp(-inf - (-inf)) and ℓ = 0, and give zeros (§4.2)"),
 ]

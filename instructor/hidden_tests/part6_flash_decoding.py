@@ -4,7 +4,7 @@ from autograder.tests import cases_part6 as C
 from autograder.tests.cases_part6 import DecodeCase
 
 SPLITS = [DecodeCase((), 1, 1, 4, 3, seed=1), DecodeCase((2,), 1, 100, 8, 7, seed=2)]
-PARTIAL = [DecodeCase((), 3, 50, 8, q_mult=5.0, scale=0.2, seed=3)]
+PARTIAL = [DecodeCase((), 3, 50, 8, q_mult=5.0, scale=0.2, seed=3), DecodeCase((2,), 2, 77, 8, seed=14, dv=12)]
 COMBINE = [(DecodeCase((2, 3), 1, 203, 16, seed=4), [0, 203, 0]), (DecodeCase((), 4, 40, 8, seed=5), [1] * 40)]
 EMPTY = [DecodeCase((), 1, 0, 8, dtype="float64", seed=6)]
 DECODE = [
@@ -14,6 +14,7 @@ DECODE = [
     DecodeCase((2,), 1, 203, 16, 3, scale=0.1, seed=10),  # the scale argument
     DecodeCase((2,), 1, 97, 8, 6, dtype="float64", seed=11),
     DecodeCase((3,), 1, 64, 16, 64, seed=12),  # one key per segment
+    DecodeCase((2,), 1, 150, 16, 4, seed=15, dv=40),  # v's head dim differs
 ]
 TRACE = [DecodeCase((2,), 3, 150, 16, 4, seed=13)]
 
