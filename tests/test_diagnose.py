@@ -520,3 +520,24 @@ def test_k_reshaped_instead_of_transposed_is_recognised():
     o = torch.softmax(s, -1) @ v
     hint = dg.recognise_forward(o, "o", q, k, v, causal=False, block_q=16, block_k=16, scale=None, tol=1e-8)
     assert hint == dg.HINT_K_RESHAPED
+
+
+@pytest.mark.parametrize("which", ["o", "lse"])
+def test_a_forward_or_backward_that_leaves_out_whole_block_pairs_is_named(which):
+    """Round 3's uncatalogued bugs: a causal skip that starts a loop at the wrong block was answered with the
+    alignment rung's guess. Any set of whole (Q block, K/V block) pairs left out is fitted (per Q block the
+    kept K/V blocks; per block of gradient rows the pairs' shares) and named, with the pairs; the correct
+    result fits nothing."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(2, 64, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    o, lse, _ = dg.masked_attention(q, k, v, dg._mask(64, 64, True), None)
+    allowed = dg._mask(64, 64, True).clone()
+    allowed[32:48, 0:16] = False  # Q block 2 never meets K/V block 0
+    o2, lse2, _ = dg.masked_attention(q, k, v, allowed, None)
+    kw = dict(causal=True, block_q=16, block_k=16, scale=None, tol=1e-9)
+    said = dg.recognise_forward(o2 if which == "o" else lse2, which, q, k, v, **kw)
+    assert said and "leaves out 1 (Q block, K/V block) pair (rows 32..47 with keys 0..15)" in said, said
+    assert dg.recognise_forward(o if which == "o" else lse, which, q, k, v, **kw) is None
+    grads = dg.masked_backward(q, k, v, o, lse, do, allowed, None, d_mode="ok")
+    said = dg.recognise_backward(grads[0], "dq", q, k, v, o, lse, do, **kw)
+    assert said and "leaves out 1 (Q block, K/V block) pair (rows 32..47 with keys 0..15)" in said, said

@@ -223,6 +223,10 @@ def _best_variant(actual: torch.Tensor, correct: torch.Tensor, variants: dict[st
     return best[1] if best else None
 
 
+def _blocks(n: int, block: int) -> list[tuple[int, int]]:
+    return [(a, min(a + block, n)) for a in range(0, n, block)]
+
+
 def _compose(*parts: str | None) -> str:
     return join_hints(*parts)
 
@@ -346,6 +350,68 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
     return out
 
 
+HINT_FORWARD_PAIRS_SKIPPED = ("its loops skip (Q block, K/V block) pairs in which some query sees some key: the K/V "
+                              "loop of Q block [i0, i1) runs from 0 up to min(Nk, i1 + Nk - Nq), causal or not (§6.2)")
+
+
+def _pairs_text(which: str, what: str, dropped: list) -> str:
+    shown = ", ".join(f"rows {i0}..{i1 - 1} with keys {j0}..{j1 - 1}" for (i0, i1), (j0, j1) in dropped[:3])
+    more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+    return (f"{which} is what a {what} gives that leaves out {len(dropped)} (Q block, K/V block) pair"
+            f"{'s' if len(dropped) > 1 else ''} ({shown}{more}): ")
+
+
+def skipped_blocks_forward(actual: torch.Tensor, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
+                           scale: float | None) -> tuple[torch.Tensor, list] | None:
+    """o or lse (`which`) of a forward that leaves out whole (Q block, K/V block) pairs, fitted to `actual`:
+    per Q block, the set of its visible K/V blocks whose attention is closest to `actual` (every subset
+    up to 8 blocks, else every run of consecutive blocks and every one left out), and the pairs left
+    out; None when the closest leaves out nothing."""
+    import itertools
+
+    q, k, v = (t.double() for t in (q, k, v))
+    nq, nk = q.shape[-2], k.shape[-2]
+    allowed = _mask(nq, nk, causal)
+    s = _scale(q, scale) * q @ k.transpose(-1, -2)
+    s = s.masked_fill(~allowed, -math.inf)
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)  # (..., Nq, Nk), 0 where masked
+    kv_blocks = _blocks(nk, block_k)
+    mass = torch.stack([e[..., j0:j1].sum(-1) for j0, j1 in kv_blocks], -1)  # (..., Nq, n_blocks)
+    weighed = torch.stack([e[..., j0:j1] @ v[..., j0:j1, :] for j0, j1 in kv_blocks], -2)  # (..., Nq, n_blocks, dv)
+    got = actual.double()
+    variant = torch.empty_like(got)
+    dropped: list = []
+    for i0, i1 in _blocks(nq, block_q):
+        rows = (..., slice(i0, i1), slice(None)) if which == "o" else (..., slice(i0, i1))
+        seen = [b for b, (j0, j1) in enumerate(kv_blocks) if allowed[i0:i1, j0:j1].any()]
+        if not seen:
+            variant[rows] = 0.0 if which == "o" else -math.inf
+            continue
+        n = len(seen)
+        if n <= 8:
+            subsets = [c for r in range(n + 1) for c in itertools.combinations(seen, r)]
+        else:
+            runs = [tuple(seen[a:b]) for a in range(n) for b in range(a, n + 1)]
+            subsets = runs + [tuple(x for x in seen if x != y) for y in seen]
+        best = None
+        for kept in subsets:
+            idx = list(kept)
+            l = mass[..., i0:i1, idx].sum(-1)
+            if which == "o":
+                acc = weighed[..., i0:i1, idx, :].sum(-2)
+                out = torch.where(l.unsqueeze(-1) > 0, acc / torch.where(l > 0, l, 1.0).unsqueeze(-1), 0.0)
+            else:
+                out = torch.where(l > 0, m[..., i0:i1, 0] + torch.log(torch.where(l > 0, l, 1.0)), -math.inf)
+            err = _dist(got[rows], out)
+            if best is None or err < best[0]:
+                best = (err, kept, out)
+        variant[rows] = best[2]
+        dropped += [((i0, i1), kv_blocks[b]) for b in seen if b not in best[1]]
+    return (variant, dropped) if dropped else None
+
+
 def recognise_forward(actual: Any, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
                       scale: float | None, tol: float) -> str | None:
     """The hint of the known buggy forward that `actual` (o or lse on these inputs) matches, if any."""
@@ -366,6 +432,14 @@ def recognise_forward(actual: Any, which: str, q, k, v, *, causal: bool, block_q
     hint = _best_variant(actual, correct, variants, tol)
     if hint:
         return hint
+    fitted = skipped_blocks_forward(actual, which, q, k, v, causal=causal, block_q=block_q, block_k=block_k,
+                                    scale=scale)
+    if fitted is not None:
+        variant, dropped = fitted
+        found = _best_variant(actual, correct, {"pairs_skipped": (variant, _pairs_text(which, "forward", dropped)
+                                                                  + HINT_FORWARD_PAIRS_SKIPPED)}, tol)
+        if found:
+            return found
     if nan_rows:
         return HINT_NAN
     if masked and which == "lse" and not torch.isneginf(actual[..., masked]).all():
@@ -532,10 +606,6 @@ HINT_PAIRS_SKIPPED = ("its loops skip (Q block, K/V block) pairs in which some q
                       "Nq) (§6.2, §7.4)")
 
 
-def _blocks(n: int, block: int) -> list[tuple[int, int]]:
-    return [(a, min(a + block, n)) for a in range(0, n, block)]
-
-
 @remembered  # a pure function of the case's inputs: the same for every submission a judge grades
 def pair_contributions(q, k, v, o, lse, do, *, causal, block_q, block_k, scale) -> dict:
     """{(which, (i0, i1), (j0, j1)): the (Q block, K/V block) pair's share of the `which` gradient, over the
@@ -604,10 +674,7 @@ def recognise_backward(actual: Any, which: str, q, k, v, o, lse, do, *, causal: 
         q, k, v, o, lse, do, causal=causal, block_q=block_q, block_k=block_k, scale=scale))
     if fitted is not None:
         variant, dropped = fitted
-        shown = ", ".join(f"rows {i0}..{i1 - 1} with keys {j0}..{j1 - 1}" for (i0, i1), (j0, j1) in dropped[:3])
-        more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
-        hint = (f"{which} is what a backward gives that leaves out {len(dropped)} (Q block, K/V block) pair"
-                f"{'s' if len(dropped) > 1 else ''} ({shown}{more}): {HINT_PAIRS_SKIPPED}")
+        hint = _pairs_text(which, "backward", dropped) + HINT_PAIRS_SKIPPED
         found = _best_variant(actual, correct, {"pairs_skipped": (variant, hint)}, tol)
         if found:
             return found
