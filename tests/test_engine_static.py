@@ -8,6 +8,8 @@ import pytest
 from autograder.engine import deps, static
 from autograder.engine.rubric import RubricError, load_rubric
 
+ROOT = Path(__file__).resolve().parent.parent
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -98,4 +100,33 @@ def test_reach_follows_absolute_imports_and_any_mention(line):
     although its own flash_decoding.py behaved otherwise. Every mention of a graded module counts."""
     rubric = load_rubric()
     sources = {"online_softmax.py": line + "\n", "flash_decoding.py": ""}
-    assert deps.reach(rubric, 1, sources) == {"online_softmax.py", "flash_decoding.py"}
+    assert {"online_softmax.py", "flash_decoding.py"} <= deps.reach(rubric, 1, sources)
+
+
+@pytest.mark.parametrize("line", [
+    "import importlib\nk = importlib.import_module(__package__ + '.flash_dec' + 'oding')",
+    "k = __import__('_graded_submission.flash_' + 'decoding')",
+    "import sys\nk = sys.modules['_graded_submission.flash_' + 'decoding']",
+    "text = open(__file__.replace('online_softmax', 'flash_' + 'decoding')).read()",
+    "from pathlib import Path\ntext = Path('flash_' + 'decoding.py').read_text()",
+    "import numpy as np\nx = np.loadtxt('flash_' + 'decoding.py')",
+    "k = ().__class__.__base__.__subclasses__()",
+    "k = getattr(__builtins__, 'ev' + 'al')('1')",
+])
+def test_a_file_that_can_reach_another_by_a_computed_name_reaches_every_graded_file(line):
+    """An outside hostile student: a shared part-1 file imported flash_decoding.py by a name it computed
+    (`importlib.import_module(__package__ + "." + "flash_dec" + "oding")`), so reach did not see it, and a
+    colluder's correct flash_decoding.py gave a starter's flash_decoding.py 15/15 in part 1 through the
+    batch's reuse. Any way to reach a file by a computed name (imports by name, exec, the builtins,
+    reflection, reading files) makes the part reach every graded file: it is keyed by all of them."""
+    rubric = load_rubric()
+    sources = {"online_softmax.py": line + "\n", "flash_decoding.py": ""}
+    assert deps.dynamic(line)
+    assert deps.reach(rubric, 1, sources) == set(rubric.all_files())
+
+
+def test_the_solutions_and_the_starter_reach_only_what_they_import():
+    """The rule costs honest code nothing: no file of solutions/ or starter/ names a DYNAMIC name."""
+    for folder in ("solutions", "starter"):
+        for f in (ROOT / folder).glob("*.py"):
+            assert not deps.dynamic(f.read_text()), f

@@ -4,7 +4,9 @@ A part's tests reach student code only through the proxy, and the engine only le
 the part's `files` and `uses` (rubric); the worker imports a graded module only when it is called
 or imported by one that is. So part P can only run code from reach(P) = the closure of
 files(P) ∪ uses(P) under the graded files' imports of each other (relative or absolute: any mention
-of a graded module's name). An edit to a file outside reach(P) cannot change P's results: the tests are deterministic and the same code runs in the same order.
+of a graded module's name), or every graded file when one of those files could reach another by a
+name it computes or read it as data (DYNAMIC). An edit to a file outside reach(P) cannot change P's
+results: the tests are deterministic and the same code runs in the same order.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from .rubric import Rubric
 def relative_imports(source: str, graded: set[str]) -> set[str]:
     """Graded module names `source` may import: every mention of one, relative or absolute (from .x import
     ..., from . import x, import <package>.x, <package>.x as an attribute, "x" or "<package>.x" as a
-    string for importlib). Names it computes ("flash" + "_decoding") are the residual (engine/reuse.py)."""
+    string for importlib). A name it computes ("flash" + "_decoding") needs one of the DYNAMIC names, which
+    reach answers with every graded file."""
     return set(_relative_imports(source, frozenset(graded)))
 
 
@@ -44,8 +47,47 @@ def _relative_imports(source: str, graded: frozenset[str]) -> frozenset[str]:
     return frozenset(found & graded)
 
 
+# Names through which code can reach a module, or a file's bytes, by a name it computes: imports by name,
+# exec/eval, the builtins and module namespaces, reflection, and reading files (any reader: open, a
+# path, numpy's and torch's loaders). A file that uses one may run or read ANY graded file, so a part
+# that reaches it reaches them all (engine/reuse.py then keys the part by every graded file).
+DYNAMIC = frozenset("""
+__import__ importlib import_module exec eval compile open globals locals vars getattr setattr modules
+builtins pkgutil runpy load_module exec_module spec_from_file_location SourceFileLoader find_spec
+read_text read_bytes load loads loadtxt genfromtxt fromfile from_file memmap mmap listdir scandir glob walk
+os pathlib Path io codecs linecache inspect getsource marshal pickle subclasses
+""".split())
+PLAIN_DUNDERS = frozenset({"__name__", "__init__", "__doc__", "__all__", "__future__", "__main__"})
+
+
+@functools.lru_cache(maxsize=32)
+def dynamic(source: str) -> bool:
+    """Whether `source` names anything through which it could reach a graded file by a computed name
+    (DYNAMIC, or a dunder other than the plain ones: __builtins__, __class__, __subclasses__, ...).
+    Unparsable source counts as dynamic (it never runs, but nothing is claimed about it)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [n for a in node.names for n in (a.name.split(".") + [a.asname or ""])]
+            names += (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
+        for name in names:
+            if name in DYNAMIC or (name.startswith("__") and name.endswith("__") and name not in PLAIN_DUNDERS):
+                return True
+    return False
+
+
 def reach(rubric: Rubric, part: int, sources: dict[str, str]) -> set[str]:
-    """Graded file names part `part` can run, given the submission's sources {file: text}."""
+    """Graded file names part `part` can run, given the submission's sources {file: text}: the closure
+    of its files and `uses` under every mention of a graded module, or every graded file where one
+    of those reads files or resolves names it computes (dynamic)."""
     graded = {f.removesuffix(".py") for f in rubric.all_files()}
     rule = rubric.part(part)
     todo = [f.removesuffix(".py") for f in [*rule.files, *rule.uses]]
@@ -55,7 +97,10 @@ def reach(rubric: Rubric, part: int, sources: dict[str, str]) -> set[str]:
         if module in seen:
             continue
         seen.add(module)
-        todo += sorted(relative_imports(sources.get(module + ".py", ""), graded) - seen)
+        source = sources.get(module + ".py", "")
+        if dynamic(source):
+            return {m + ".py" for m in graded}
+        todo += sorted(relative_imports(source, graded) - seen)
     return {m + ".py" for m in seen}
 
 

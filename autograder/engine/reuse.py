@@ -20,9 +20,9 @@ What is never kept: a part whose calls were lost (a timeout, a crash, out of mem
 the machine's load), one that gave up (the grade's time budget), one with a test that could not run,
 and every part of a run that reported an error of its own.
 
-Residual: a part whose code reads another graded file as data (open(), or an import by a name it
-computes, which deps.reach cannot see) may get the result of the first submission with the same
-reached files, which the judge measured for that code all the same.
+A part whose code could read another graded file as data or import one by a name it computes (open,
+importlib, getattr, a dunder: deps.DYNAMIC) reaches every graded file (deps.reach): its key is then
+every graded file's bytes, so two submissions share its result only where all their files agree.
 """
 from __future__ import annotations
 
