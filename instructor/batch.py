@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 
 from autograder.engine import memory, sanitize
 from autograder.grade import Parser, UsageError, positive_int, run_cli, writable_folder
-from autograder.engine.limits import Limits, check_overrides
+from autograder.engine.limits import CALIBRATED, Limits, check_overrides
 from autograder.engine.reuse import PartResults
 from autograder.engine.runner import DEFAULT_HIDDEN_DIR, DEFAULT_TESTS_DIR, TEST_SETS
 from autograder.engine.runner import student_view  # noqa: F401 -- re-exported (tests, tools)
@@ -89,7 +89,8 @@ def _judge_main(conn, slot: int, options: Options) -> None:
     """A judge process: receives Tasks, grades each with grade_one (intake, engine, view) and sends
     the result back on its pipe: the result never passes through a file that a worker could write.
     Before the Tasks it may get ("calibrate", parts): grade the reference on those parts and send
-    back its longest call per target, then ("limits", call_timeouts) for every later Task."""
+    back its longest call per target and its time per part, then ("limits", {"call_timeouts": ...,
+    "part_budgets": ...}) for every later Task."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills us
@@ -103,7 +104,7 @@ def _judge_main(conn, slot: int, options: Options) -> None:
         if task is None:
             return
         if type(task) is tuple and task[0] == "limits":
-            options.limits = {**(options.limits or {}), "call_timeouts": task[1]}
+            options.limits = {**(options.limits or {}), **task[1]}
             continue
         if type(task) is tuple and task[0] == "seed":  # the reference's parts, under the limits just set
             try:
@@ -275,7 +276,7 @@ def check_setup(submissions: Path, out: Path, jobs: int | None, options: Options
     if not options.test_sets or bad_sets or len(set(options.test_sets)) != len(options.test_sets):
         no(f"--sets {','.join(options.test_sets) or '(none)'}: give distinct test sets among {','.join(TEST_SETS)}")
     try:
-        check_overrides({k: v for k, v in (options.limits or {}).items() if k != "call_timeouts"})
+        check_overrides({k: v for k, v in (options.limits or {}).items() if k not in CALIBRATED})
     except ValueError as e:
         no(f"--limit: {e}")
     if options.tests_dir is not None and not Path(options.tests_dir).is_dir():
@@ -386,6 +387,14 @@ def _run_claimed(submissions: Path, out: Path, jobs: int | None, shard: tuple[in
 # ops) must still pass; what the scaling removes is the 20 s wait on calls that take milliseconds.
 TIMEOUT_FACTOR = 50.0
 TIMEOUT_FLOOR_S = 5.0
+# A part (its tests, diagnoses and the judge's checks of its calls together) may take this many times the
+# reference's own time for it, and at least the floor: calls that each stay under their limit (a sleep just
+# below it in every call, dead ops the judge must replay) would otherwise cost the batch up to the
+# submission's whole timeout. The slowest correct variants measured (instructor/equivalents and an outside
+# tester's 23) take 16 and 12 times the reference's time for their part (a per-key online update and
+# row-vector matmuls in part 2: one op per key or row, each replayed by the judge): 50 leaves them 3x.
+PART_BUDGET_FACTOR = 50.0
+PART_BUDGET_FLOOR_S = 60.0
 
 
 def choose_sandbox(options: Options, mode: str, allow_weak: bool) -> dict:
@@ -412,17 +421,21 @@ def _score(report: dict) -> dict:
 
 
 def reference_run(options: Options, slot: int = 0,
-                  grade: Callable | None = None) -> tuple[dict[str, float], dict, list[dict]]:
+                  grade: Callable | None = None) -> tuple[dict[str, float], dict, list[dict], dict[str, float]]:
     """Grade the reference (solutions/) on options' parts and test sets, in options' sandbox as judge
     `slot`'s uid: ({call target: its longest call in seconds}, its score, its parts' results for the
-    batch's store: grading.seed_reuse, none with --no-reuse). Raises when grading fails.
+    batch's store: grading.seed_reuse, none with --no-reuse, {part: its wall time in seconds}). Raises
+    when grading fails.
     Never a reused result: it measures the calls' times, and checks the set-up afresh (an empty store)."""
     store = PartResults() if options.reuse else None
     report = run_engine(ROOT / "solutions", replace(options, reuse=False), slot, grade, store=store)
     longest = report.get("timing", {}).get("longest_call_s")
     if not isinstance(longest, dict):
         raise RuntimeError("the grader's report gives no call times")
-    return {str(t): float(v) for t, v in longest.items()}, _score(report), store.entries() if store else []
+    part_s = report.get("timing", {}).get("part_s")
+    part_s = {str(p): float(t) for p, t in part_s.items()} if isinstance(part_s, dict) else {}
+    return ({str(t): float(v) for t, v in longest.items()}, _score(report), store.entries() if store else [],
+            part_s)
 
 
 def reference_call_times(options: Options, slot: int = 0, grade: Callable | None = None) -> dict[str, float]:
@@ -440,7 +453,7 @@ def reference_score(options: Options) -> dict:
 
 
 def _options_text(options: Options) -> str:
-    overrides = {k: v for k, v in (options.limits or {}).items() if k != "call_timeouts"}
+    overrides = {k: v for k, v in (options.limits or {}).items() if k not in CALIBRATED}
     return (f"parts {','.join(map(str, options.parts)) if options.parts else 'all'}; "
             f"sets {','.join(options.test_sets) or '(none)'}; tests {options.tests_dir or 'autograder/tests'}; "
             f"limits {', '.join(f'{k}={v}' for k, v in sorted(overrides.items())) or 'the rubric'}"
@@ -464,15 +477,21 @@ def check_reference(score: dict, options: Options) -> dict:
 
 
 def call_time_limits(longest: dict[str, float], options: Options, t0: float, factor: float = TIMEOUT_FACTOR,
-                     floor: float = TIMEOUT_FLOOR_S) -> dict:
+                     floor: float = TIMEOUT_FLOOR_S, part_s: dict[str, float] | None = None) -> dict:
     """Limit every call target to max(floor, factor x the reference's longest call to it) seconds
     (capped by the configured limit in the engine): a hanging submission then costs seconds per call,
-    not the 20 s default. Sets options.limits["call_timeouts"]; returns what the summary records."""
+    not the 20 s default. With the reference's time per part (`part_s`), every part also gets a budget
+    of max(PART_BUDGET_FLOOR_S, PART_BUDGET_FACTOR x that time) for its tests, diagnoses and their checks
+    (Limits.part_budgets): calls that each stay under their limit cannot add up to the submission's
+    whole timeout. Sets options.limits["call_timeouts"] (and "part_budgets"); returns what the summary
+    records."""
     limits = {t: round(max(floor, factor * s), 2) for t, s in sorted(longest.items())}
-    options.limits = {**(options.limits or {}), "call_timeouts": limits}
+    budgets = {p: round(max(PART_BUDGET_FLOOR_S, PART_BUDGET_FACTOR * s), 1) for p, s in sorted((part_s or {}).items())}
+    options.limits = {**(options.limits or {}), "call_timeouts": limits, **({"part_budgets": budgets} if budgets else {})}
     return {"scaled": True, "factor": factor, "floor_s": floor, "targets": len(limits),
             "at_floor": sum(v == floor for v in limits.values()), "calibration_s": round(time.perf_counter() - t0, 2),
-            "limits_s": limits}
+            "limits_s": limits, "part_budget_factor": PART_BUDGET_FACTOR, "part_budget_floor_s": PART_BUDGET_FLOOR_S,
+            "part_budgets_s": budgets}
 
 
 def _not_scaled(e: BaseException | str) -> dict:
@@ -486,10 +505,10 @@ def scaled_call_timeouts(options: Options) -> dict:
     each on some of the parts (_calibrate_in_judges)."""
     t0 = time.perf_counter()
     try:
-        longest, score, entries = reference_run(options)
+        longest, score, entries, part_s = reference_run(options)
     except Exception as e:  # noqa: BLE001 -- no scaling then; check_reference refuses
         return {**_not_scaled(e), "reference": {"error": sanitize.line(f"{type(e).__name__}: {e}", 300)}}
-    info = call_time_limits(longest, options, t0)
+    info = call_time_limits(longest, options, t0, part_s=part_s)
     if score["points"] >= score["max_points"] - 1e-6:  # (check_reference refuses the batch otherwise)
         seed_reuse(options, entries, ROOT / "solutions")  # this process's store: a batch graded here
     return {**info, "reference": score, "seeds": entries}
@@ -535,6 +554,7 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
     for j, share in asked:
         j.conn.send(("calibrate", sorted(share)))
     longest: dict[str, float] = {}
+    part_s: dict[str, float] = {}
     failure = None
     score = {"points": 0.0, "max_points": 0.0, "tests": 0, "first_error": ""}
     seeds: list[dict] = []
@@ -552,12 +572,14 @@ def _calibrate_in_judges(judges: list["Judge"], options: Options, timeout_s: flo
             score[k] += reply[2][k]
         score["first_error"] = score["first_error"] or reply[2].get("first_error", "")
         seeds += reply[3]
+        part_s.update(reply[4] if len(reply) > 4 else {})
     if failure is not None:
         return {**_not_scaled(failure), "reference": {"error": sanitize.line(failure, 300)}}
-    info = {**call_time_limits(longest, options, t0), "reference": score, "seeds": seeds}
+    info = {**call_time_limits(longest, options, t0, part_s=part_s), "reference": score, "seeds": seeds}
+    calibrated = {k: options.limits[k] for k in CALIBRATED if k in options.limits}
     for j in judges:
         try:
-            j.conn.send(("limits", options.limits["call_timeouts"]))
+            j.conn.send(("limits", calibrated))
         except OSError:  # a dead judge: _grade_all replaces it (with options, which hold the limits)
             pass
     return info
@@ -884,11 +906,11 @@ def fingerprint(options: Options, info: dict, env: dict) -> dict:
     tests (public and hidden) and the environment."""
     from autograder.engine.rubric import DEFAULT_RUBRIC, load_rubric
 
-    overrides = {k: v for k, v in (options.limits or {}).items() if k != "call_timeouts"}
+    overrides = {k: v for k, v in (options.limits or {}).items() if k not in CALIBRATED}
     limits = Limits().updated(**load_rubric().defaults).updated(**overrides).__dict__
     return {
         "test_sets": sorted(options.test_sets), "parts": graded_parts(options),
-        "limits": {k: v for k, v in sorted(limits.items()) if k != "call_timeouts"},
+        "limits": {k: v for k, v in sorted(limits.items()) if k not in CALIBRATED},
         "scale_timeouts": bool(options.scale_timeouts), "sandbox_kind": str(info.get("sandbox_kind")),
         "grader": options.grader,
         "rubric_sha256": hashlib.sha256(DEFAULT_RUBRIC.read_bytes()).hexdigest(),

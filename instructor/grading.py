@@ -139,8 +139,9 @@ def seed_reuse(options: Options, entries: Sequence[dict], solutions: Path) -> in
     """Put the reference's part results (batch.reference_run's `entries`, graded before the call time
     limits were scaled) in this process's store, under the keys a submission with the reference's files
     gets with `options` (the scaled limits). Sound because the limits are at least TIMEOUT_FACTOR times
-    the reference's longest call to each target, and nothing else in the settings changed: no call of
-    it would be lost under them, so its result there is the same. The batch grades the reference anyway
+    the reference's longest call to each target, and each part's budget PART_BUDGET_FACTOR times its time
+    for the part, and nothing else in the settings changed: no call of it would be lost under them, so
+    its result there is the same. The batch grades the reference anyway
     (to scale the limits and check the set-up), so a student's part that has the reference's files then
     costs nothing. Returns how many were put (none with --no-reuse or another grader)."""
     if not options.reuse or options.grader != DEFAULT_GRADER or not entries:

@@ -351,7 +351,8 @@ class _FakeJudge:
         if msg[0] == "calibrate":
             self._reply = ("error", "boom") if self.fail else ("ok", {f"part{n}.fn": 0.01 * n for n in msg[1]},
                                                                  {"points": 1.0, "max_points": 1.0, "tests": 1},
-                                                                 [{"row": {"part": n}, "tests": []} for n in msg[1]])
+                                                                 [{"row": {"part": n}, "tests": []} for n in msg[1]],
+                                                                 {str(n): 1.5 * n for n in msg[1]})
 
     def poll(self, timeout=None) -> bool:
         return self._reply is not None
@@ -376,7 +377,8 @@ def test_share_out_gives_the_costliest_share_its_least_possible_cost():
 
 def test_calibration_shares_the_parts_out_among_the_judges_and_sends_every_judge_the_limits():
     from autograder.engine.rubric import load_rubric
-    from instructor.batch import TIMEOUT_FACTOR, TIMEOUT_FLOOR_S, _calibrate_in_judges
+    from instructor.batch import (PART_BUDGET_FACTOR, PART_BUDGET_FLOOR_S, TIMEOUT_FACTOR, TIMEOUT_FLOOR_S,
+                                  _calibrate_in_judges)
 
     judges = [_FakeJudge(0), _FakeJudge(1)]
     options = Options()
@@ -390,7 +392,9 @@ def test_calibration_shares_the_parts_out_among_the_judges_and_sends_every_judge
     want = {f"part{n}.fn": round(max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * 0.01 * n), 2) for n in numbers}
     assert info["scaled"] is True and info["limits_s"] == want
     assert options.limits["call_timeouts"] == want  # replacement judges are started with these options
-    assert all(j.sent[-1] == ("limits", want) for j in judges)
+    budgets = {str(n): round(max(PART_BUDGET_FLOOR_S, PART_BUDGET_FACTOR * 1.5 * n), 1) for n in numbers}
+    assert info["part_budgets_s"] == budgets and options.limits["part_budgets"] == budgets
+    assert all(j.sent[-1] == ("limits", {"call_timeouts": want, "part_budgets": budgets}) for j in judges)
     assert sorted(e["row"]["part"] for e in info["seeds"] if "row" in e) == sorted(numbers)  # every share's results, for the store
 
 

@@ -499,6 +499,32 @@ def test_the_grade_budget_bounds_the_whole_grade(tmp_path):
                          for t in later), {t["message"] for t in later}
 
 
+def test_a_part_budget_bounds_a_part_whose_calls_each_stay_under_their_limit(tmp_path):
+    """An outside hostile student: every call slept just under its time limit, no call was lost, and part 1
+    alone took 1233 s of the batch (the reference: 10 s). Limits.part_budgets bounds a part's tests,
+    diagnoses and checks together: the calls after it are not run, with that reason, and other parts
+    keep their own budgets; the report gives each part's own time (what the batch scales it from)."""
+    import time
+
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    for f in (REPO / "solutions").glob("*.py"):
+        (sub / f.name).write_text(f.read_text())
+    src = (sub / "online_softmax.py").read_text()
+    slow = src.replace("def safe_softmax(x: torch.Tensor) -> torch.Tensor:",
+                       "def safe_softmax(x: torch.Tensor) -> torch.Tensor:\n    import time; time.sleep(0.4)", 1)
+    assert slow != src
+    (sub / "online_softmax.py").write_text(slow)
+    t0 = time.perf_counter()
+    report = grade(sub, parts=[1, 6], limits={"part_budgets": {"1": 3.0, "6": 60.0}})
+    assert time.perf_counter() - t0 < 30
+    tests = report["tests"]
+    spent = [t for t in tests if t["part"] == 1 and "time budget of 3 s is spent" in t["message"]]
+    assert spent and not any(t["outcome"] == "passed" for t in spent)
+    assert all(t["outcome"] == "passed" for t in tests if t["part"] == 6), "part 6 keeps its own budget"
+    assert set(report["timing"]["part_s"]) == {"1", "6"} and report["timing"]["part_s"]["1"] < 3.0 + 20
+
+
 def test_a_reply_of_many_small_values_is_refused_before_it_is_parsed(probe, tmp_path):
     """The cap bounds a reply's bytes; json.loads makes up to ~50 bytes of Python objects per byte of
     nested brackets (a worker that padded its replies' headers to 64 MiB of them took the judge to

@@ -118,8 +118,26 @@ class Engine:
         self.worker_set: str | None = None  # the test set the current worker has served
         self.worker_part: int | None = None  # ... and the part
         self.started = time.perf_counter()  # Limits.grade_budget_s counts from here
+        self.part_spent: dict[int, float] = {}  # wall time of each part's finished tests and diagnoses
+        self._clock: tuple[int, float] | None = None  # (part, since when) of the test or diagnosis running
         self.transcript: transcripts.Transcript | None = None  # the running test's events (transcripts.py)
         self.memo: dict = {}  # what this run's tests share (StudentProxy.memo); never another run's
+
+    def start_clock(self, part: int) -> None:
+        """A test or diagnosis of `part` starts: its wall time counts toward the part's budget."""
+        self.stop_clock()
+        self._clock = (part, time.perf_counter())
+
+    def stop_clock(self) -> None:
+        if self._clock is not None:
+            part, since = self._clock
+            self.part_spent[part] = self.part_spent.get(part, 0.0) + time.perf_counter() - since
+            self._clock = None
+
+    def part_time(self, part: int) -> float:
+        """The wall time `part` has taken so far in this grade (Limits.part_budgets)."""
+        running = time.perf_counter() - self._clock[1] if self._clock is not None and self._clock[0] == part else 0.0
+        return self.part_spent.get(part, 0.0) + running
 
     def limits_for(self, part: int) -> Limits:
         # rubric defaults < the part's limits in the rubric < explicit overrides of grade()
@@ -196,6 +214,14 @@ class Engine:
             lost = tests if tests.losses >= limits.max_losses else state
             raise StudentError(f"not run: in part {proxy.part}, {lost.said()}", kind="gave_up", target=label)
         timeout = timeout or limits.call_timeout_s
+        budget = limits.part_budgets.get(str(proxy.part)) if isinstance(limits.part_budgets, dict) else None
+        if isinstance(budget, (int, float)) and budget > 0:
+            left = budget - self.part_time(proxy.part)
+            if left <= 0:
+                raise StudentError(f"not run: part {proxy.part}'s time budget of {budget:g} s is spent (its earlier "
+                                   "calls and the grader's checks of them took it: a correct solution takes a small "
+                                   "part of that)", kind="gave_up", target=label)
+            timeout = min(timeout, left)
         if limits.grade_budget_s > 0:
             left = limits.grade_budget_s - (time.perf_counter() - self.started)
             if left <= 0:

@@ -34,11 +34,20 @@ class Limits:
     # {call target: seconds}: a call's time limit is at most this (the batch measures the reference's
     # own time for each call and scales it, see instructor/batch.py scaled_call_timeouts)
     call_timeouts: dict = field(default_factory=dict)
+    # {part number as a string: seconds}: the most wall time one part's tests and diagnoses may take in
+    # one grade, its calls and the judge's checks of them together; calls after it are not run (the
+    # batch scales it from the reference's own time for the part, see instructor/batch.py part_budgets)
+    part_budgets: dict = field(default_factory=dict)
 
     def updated(self, **overrides: Any) -> "Limits":
         known = {k: v for k, v in overrides.items() if k in self.__dataclass_fields__}
         return Limits(**{**self.__dict__, **known})
 
+
+
+# The limits a batch measures on its machine (from the reference's own times), not set by a person: left
+# out of the checks of a person's overrides, of a shard's fingerprint and of a transcript's settings.
+CALIBRATED = ("call_timeouts", "part_budgets")
 
 
 # the smallest value that makes sense for a numeric limit (0 where "none" is meaningful)
@@ -51,7 +60,7 @@ def check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     """Limit overrides given by a person (the batch's --limit): the same keys with values of the
     field's type, or ValueError saying what is wrong. `updated` drops unknown keys (the rubric may
     be newer than the engine); a person's typo must not silently grade with the default instead."""
-    by_name = {f.name: f for f in fields(Limits) if f.name != "call_timeouts"}
+    by_name = {f.name: f for f in fields(Limits) if f.name not in CALIBRATED}
     out: dict[str, Any] = {}
     for key, value in overrides.items():
         f = by_name.get(key)

@@ -143,6 +143,7 @@ class GradingPlugin:
     # -- memory ----------------------------------------------------------------------------
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         self.engine.transcript = None
+        self.engine.stop_clock()
         # Automatic collection is off while the tests run (grade(): it walked the judge's objects again
         # and again, ~1 s of a full grade); each test's cyclic garbage (tracebacks holding replays) goes here.
         gc.collect(0)
@@ -153,6 +154,8 @@ class GradingPlugin:
         if info is not None and info["set"] in self.redact_sets and not self.diagnosed:
             self.diagnosed = True
             self.run_diagnoses()  # before the first hidden test: see run_diagnoses
+        if info is not None:
+            self.engine.start_clock(info["part"])  # (Limits.part_budgets)
         if self.fail_fast and info is not None and info["part"] in self.failed_parts:
             pytest.skip("not run: an earlier test of this part failed (fail-fast mode)")
         if info is not None and self.passed_tests is not None and not _is_hypothesis_test(item):
@@ -212,11 +215,14 @@ class GradingPlugin:
         the probes' calls on every grade with hidden tests, shown or not."""
         for key, (fn, part) in self.pending.items():
             proxy = StudentProxy(self.engine, part, f"diagnosis/{_diagnosis_name(fn)}", test_set="diagnosis")
+            self.engine.start_clock(part)  # a diagnosis's time is its part's (Limits.part_budgets)
             try:
                 with one_thread():
                     found = fn(proxy)
             except Exception:  # noqa: BLE001 -- a diagnosis that cannot run gives no hint, never an error
                 found = None
+            finally:
+                self.engine.stop_clock()
             text = found.message() if hasattr(found, "message") else found
             self.hints[key] = sanitize.line(text, 800) if isinstance(text, str) and text.strip() else None
 
@@ -523,7 +529,7 @@ def _grade_in_processes(impl_dir: Any, numbers: list[int], jobs: int, kwargs: di
     merged = reports[numbers[0]]
     merged = {**merged, "parts": [], "tests": [], "errors": []}
     timing = {"wall_s": 0.0, "calls": 0, "worker_starts": 0, "worker_startup_s": [], "in_calls_s": 0.0,
-              "longest_call_s": {}}
+              "longest_call_s": {}, "part_s": {}}
     for n in numbers:
         r = reports[n]
         merged["parts"] += r["parts"]
@@ -534,6 +540,7 @@ def _grade_in_processes(impl_dir: Any, numbers: list[int], jobs: int, kwargs: di
         timing["worker_startup_s"] += r["timing"]["worker_startup_s"]
         for t, v in r["timing"]["longest_call_s"].items():
             timing["longest_call_s"][t] = max(timing["longest_call_s"].get(t, 0.0), v)
+        timing["part_s"].update(r["timing"].get("part_s", {}))
     merged["total"] = round(sum(p["points"] for p in merged["parts"]), 4)
     merged["max_total"] = float(sum(p["max_points"] for p in merged["parts"]))
     timing["wall_s"] = round(time.perf_counter() - started, 3)
@@ -644,6 +651,8 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                         "worker_startup_s": [round(s, 3) for s in stats.startup_s],
                         "in_calls_s": round(stats.call_s, 3),
                         "longest_call_s": {t: round(v, 4) for t, v in sorted(stats.longest_s.items())},
+                        # each graded part's own wall time, its tests and diagnoses (Limits.part_budgets)
+                        "part_s": {str(n): round(t, 3) for n, t in sorted(engine.part_spent.items())},
                         "reused_parts": sorted(reused),
                         "reused_tests": len(passed_tests.reused) if passed_tests is not None else 0}
     return report

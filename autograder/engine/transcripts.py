@@ -108,8 +108,11 @@ def read(filename: str, text: str | None, problem: str | None) -> bytes:
 
 def settings_digest(settings: dict) -> str:
     """What every transcript key of a run holds besides the events: the run's reuse settings, less the
-    per-call time limits."""
-    limits = {k: v for k, v in (settings.get("limits") or {}).items() if k != "call_timeouts"}
+    limits a batch calibrates (per-call time limits, part budgets: a passed test's replies do not depend
+    on them)."""
+    from .limits import CALIBRATED
+
+    limits = {k: v for k, v in (settings.get("limits") or {}).items() if k not in CALIBRATED}
     blob = json.dumps({**settings, "limits": limits}, sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()
 
