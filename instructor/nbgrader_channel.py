@@ -401,8 +401,9 @@ def _check_setup(cfg: Any) -> Options | str:
     try:  # the mode asked for, or a refusal: bubblewrap asked for never grades in another mode
         box = require(cfg.sandbox or "auto", bool(cfg.allow_weak_sandbox),
                       to_accept="set c.EngineGrade.allow_weak_sandbox = True")
-    except SandboxError as e:
-        return f"sandbox not available (c.EngineGrade.sandbox = {sanitize.line(cfg.sandbox, 40)!r}): {e}"
+    except SandboxError as e:  # (the mode asked for by GRADER_SANDBOX, under "auto", is named in e itself)
+        asked = f" (c.EngineGrade.sandbox = {sanitize.line(cfg.sandbox, 40)!r})" if (cfg.sandbox or "auto") != "auto" else ""
+        return f"sandbox not available{asked}: {e}"
     try:
         options = Options(parts=[int(p) for p in cfg.parts] or None, test_sets=tuple(cfg.test_sets),
                           limits=dict(cfg.limits), sandbox=box, tests_dir=cfg.tests_dir or None)
