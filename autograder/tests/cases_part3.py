@@ -7,7 +7,7 @@ or returned is used. The judge replays the program on its own simulated GPU, wit
 ITS OWN inputs (same shapes, a seed derived from the program's digest), and takes every counter and
 the o and lse it grades from that replay (O and L read back after it). A value the recording does
 not trace (host-side compute, constants, float()/.item()) is frozen into the program and is wrong
-on the judge's inputs; the counter tests grade only a program whose replayed o and lse are right.
+on the judge's inputs; the counter tests grade only a program whose replayed o is right (lse has its own tests).
 Everything expected is computed here:
 (a) o and lse against course.reference.attention_reference (float64), tolerance rule
     err <= 2·err_plain + atol(n_k) with the plain float32 implementation (attention_plain) and a
@@ -296,6 +296,7 @@ class Judged:
     stats: dict | None = None
     error: str | None = None
     values: CheckFailure | None | bool = False  # False: not checked yet; None: right; else the failure
+    o_values: CheckFailure | None | bool = False  # the same, of o alone (what the counter tests need)
 
 
 # (program digest, case id) -> (program, judged): the DRAM tests with and without cache record the
@@ -403,10 +404,10 @@ def run(student, case: KernelCase) -> tuple[dict, Judged]:
     return res
 
 
-def _values_failure(j: Judged, case: KernelCase, inputs) -> CheckFailure | None:
-    """o and lse of a replay against float64 attention on that replay's inputs (None: right)."""
-    if j.values is not False:
-        return j.values
+def _values_failure(j: Judged, case: KernelCase, inputs, only_o: bool = False) -> CheckFailure | None:
+    """o and lse (only_o: o alone) of a replay against float64 attention on that replay's inputs (None: right)."""
+    if (j.o_values if only_o else j.values) is not False:
+        return j.o_values if only_o else j.values
     with one_thread():
         ref_o, ref_lse = attention_reference(j.q, j.k, j.v, case.causal)
         plain_o, plain_lse = attention_plain(j.q, j.k, j.v, case.causal)
@@ -417,10 +418,17 @@ def _values_failure(j: Judged, case: KernelCase, inputs) -> CheckFailure | None:
     try:
         check_close(j.o, ref_o, what="o of run_flash_kernel against float64 attention", inputs=inputs,
                     plain=plain_o, factor=2.0, atol=atol_o, hint=hint)
+        j.o_values = None
+        if only_o:
+            return None
         check_close(j.lse, ref_lse, what="lse of run_flash_kernel: log Σ_j exp(S_ij), natural log, including m",
                     inputs=inputs, plain=plain_lse, factor=2.0, atol=atol_lse, hint=hint)
         j.values = None
     except CheckFailure as failure:
+        if j.o_values is False:  # o itself failed
+            j.o_values = failure
+        if only_o:
+            return j.o_values
         j.values = failure
     return j.values
 
@@ -445,18 +453,18 @@ def _explained(failure: CheckFailure, stats: dict, case: KernelCase, student) ->
     return failure
 
 
-def _values_right(student, case: KernelCase, program: dict, j: Judged) -> None:
-    """Fail unless the replay on the judge's inputs gives the right o and lse. Then, to say why,
-    replay on the inputs the worker saw: right there means the outputs did not come from the
+def _values_right(student, case: KernelCase, program: dict, j: Judged, only_o: bool = False) -> None:
+    """Fail unless the replay on the judge's inputs gives the right o and lse (only_o: o). Then, to say
+    why, replay on the inputs the worker saw: right there means the outputs did not come from the
     recorded arithmetic (host compute, smuggled constants); wrong there is an ordinary bug, shown
     with those inputs (the student can reproduce them)."""
-    if _values_failure(j, case, None) is None:
+    if _values_failure(j, case, None, only_o) is None:
         return
     seen = replay_on(case, program, *case.qkv())
     shown = None if student.hidden else case.shown(seen.q, seen.k, seen.v)
     check(seen.error is None, what="the grader replays your kernels' recorded program on its own simulated GPU",
           detail=f"refused: {seen.error}", hint=HINT_PROGRAM, inputs=shown)
-    failure = _values_failure(Judged(seen.q, seen.k, seen.v, seen.o, seen.lse, seen.stats), case, shown)
+    failure = _values_failure(Judged(seen.q, seen.k, seen.v, seen.o, seen.lse, seen.stats), case, shown, only_o)
     bufs = seen.stats.get("buffers", {})
     no_store = any(bufs.get(n, {}).get("global_store_requests", 0) + bufs.get(n, {}).get("atomic_requests", 0) == 0
                    for n in ("O", "L"))
@@ -472,12 +480,13 @@ def _values_right(student, case: KernelCase, program: dict, j: Judged) -> None:
 
 
 def _counted(student, case: KernelCase) -> tuple[dict, KernelCase]:
-    """The replay's stats, for the counter tests: they grade only a kernel that computes attention."""
+    """The replay's stats, for the counter tests: they grade only a kernel that computes attention, o
+    (lse has tests of its own: a kernel whose lse alone is wrong loses those, not its counters)."""
     program, j = run(student, case)
     try:
-        _values_right(student, case, program, j)
+        _values_right(student, case, program, j, only_o=True)
     except CheckFailure as failure:
-        failure.what = f"the counters are graded on a kernel whose o and lse are right; {failure.what}"
+        failure.what = f"the counters are graded on a kernel whose o is right; {failure.what}"
         failure.args = (failure.message(),)
         raise
     return j.stats, case
