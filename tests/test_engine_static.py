@@ -112,13 +112,19 @@ def test_reach_follows_absolute_imports_and_any_mention(line):
     "import numpy as np\nx = np.loadtxt('flash_' + 'decoding.py')",
     "k = ().__class__.__base__.__subclasses__()",
     "k = getattr(__builtins__, 'ev' + 'al')('1')",
+    "import fileinput, sys\ntext = ''.join(fileinput.input(files=(sys.path[0] + '/flash_deco' + 'ding.py',)))",
+    "from configparser import ConfigParser\nConfigParser().read('flash_deco' + 'ding.py')",
+    "import numpy as np\nx = np.fromregex('flash_deco' + 'ding.py', 'x', float)",
+    "import torch\nx = torch.from_file('flash_deco' + 'ding.py')",
 ])
 def test_a_file_that_can_reach_another_by_a_computed_name_reaches_every_graded_file(line):
     """An outside hostile student: a shared part-1 file imported flash_decoding.py by a name it computed
     (`importlib.import_module(__package__ + "." + "flash_dec" + "oding")`), so reach did not see it, and a
     colluder's correct flash_decoding.py gave a starter's flash_decoding.py 15/15 in part 1 through the
     batch's reuse. Any way to reach a file by a computed name (imports by name, exec, the builtins,
-    reflection, reading files) makes the part reach every graded file: it is keyed by all of them."""
+    reflection, reading files) makes the part reach every graded file: it is keyed by all of them. A second
+    tester read the file with fileinput, which no list of readers had: any import outside the modules the
+    assignment computes with counts too."""
     rubric = load_rubric()
     sources = {"online_softmax.py": line + "\n", "flash_decoding.py": ""}
     assert deps.dynamic(line)

@@ -14,6 +14,7 @@ import ast
 import functools
 
 from .rubric import Rubric
+from .worker import PACKAGE
 
 
 def relative_imports(source: str, graded: set[str]) -> set[str]:
@@ -47,24 +48,29 @@ def _relative_imports(source: str, graded: frozenset[str]) -> frozenset[str]:
     return frozenset(found & graded)
 
 
-# Names through which code can reach a module, or a file's bytes, by a name it computes: imports by name,
-# exec/eval, the builtins and module namespaces, reflection, and reading files (any reader: open, a
-# path, numpy's and torch's loaders). A file that uses one may run or read ANY graded file, so a part
-# that reaches it reaches them all (engine/reuse.py then keys the part by every graded file).
+# What a graded file may import and still be followed by its mentions alone: the modules the assignment
+# computes with and the kit's own. Any other import (fileinput, configparser, os, importlib, ...) may
+# read or run another graded file by a name it computes: no list of readers is complete, so an import
+# outside this list counts as dynamic. Relative imports (siblings) are always followed.
+PLAIN_IMPORTS = frozenset({"torch", "math", "numpy", "typing", "__future__", "dataclasses", "functools",
+                           "itertools", "collections", "abc", "enum", "numbers", "operator", "course"})
+# Builtins and attributes (of the modules above too) through which code can reach a module, or a file's
+# bytes, by a name it computes: imports by name, exec/eval, namespaces, reflection, file readers.
 DYNAMIC = frozenset("""
-__import__ importlib import_module exec eval compile open globals locals vars getattr setattr modules
-builtins pkgutil runpy load_module exec_module spec_from_file_location SourceFileLoader find_spec
-read_text read_bytes load loads loadtxt genfromtxt fromfile from_file memmap mmap listdir scandir glob walk
-os pathlib Path io codecs linecache inspect getsource marshal pickle subclasses
+__import__ importlib import_module exec eval compile open globals locals vars getattr setattr delattr modules
+builtins breakpoint input help load_module exec_module spec_from_file_location find_spec read_text read_bytes
+load loads loadtxt genfromtxt fromfile fromregex from_file memmap DataSource mmap hub package load_library
+load_inline cpp_extension jit serialization
 """.split())
 PLAIN_DUNDERS = frozenset({"__name__", "__init__", "__doc__", "__all__", "__future__", "__main__"})
 
 
 @functools.lru_cache(maxsize=32)
 def dynamic(source: str) -> bool:
-    """Whether `source` names anything through which it could reach a graded file by a computed name
-    (DYNAMIC, or a dunder other than the plain ones: __builtins__, __class__, __subclasses__, ...).
-    Unparsable source counts as dynamic (it never runs, but nothing is claimed about it)."""
+    """Whether `source` could reach a graded file by a name it computes, or read one as data: it imports
+    a module outside PLAIN_IMPORTS (absolutely), or names one of DYNAMIC, or a dunder other than the plain
+    ones (__builtins__, __class__, __subclasses__, ...). Unparsable source counts as dynamic (it never
+    runs, but nothing is claimed about it)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -75,9 +81,14 @@ def dynamic(source: str) -> bool:
             names = [node.id]
         elif isinstance(node, ast.Attribute):
             names = [node.attr]
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        elif isinstance(node, ast.Import):
+            if any(a.name.split(".")[0] not in PLAIN_IMPORTS | {PACKAGE} for a in node.names):
+                return True
             names = [n for a in node.names for n in (a.name.split(".") + [a.asname or ""])]
-            names += (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and (node.module or "").split(".")[0] not in PLAIN_IMPORTS | {PACKAGE}:
+                return True
+            names = [n for a in node.names for n in (a.name, a.asname or "")] + (node.module or "").split(".")
         for name in names:
             if name in DYNAMIC or (name.startswith("__") and name.endswith("__") and name not in PLAIN_DUNDERS):
                 return True

@@ -46,7 +46,9 @@ EXCEPTION_HINTS: tuple[tuple[str, str], ...] = (
      "the wrong dim (dim=0 vs dim=-1) left the wrong size; a row statistic (..., N) meets a (..., N, d) tensor "
      "without its trailing dim (unsqueeze(-1))"),
     (r"out of (bounds|range)|IndexError",
-     "an index past the end at that line: the last block ends at N, not at start + B"),
+     "an index past the end at that line: a guard for the ragged last block (it ends at N, not at start + B), or "
+     "an offset or stride too large (a head's rows start at head·N with that buffer's own N: Nq for Q, O and L, "
+     "Nk for K and V)"),
     (r"OverflowError|math range error",
      "math.exp overflows above 709: subtract the running max before exp (§4.2)"),
     (r"modified by an inplace operation|a leaf Variable that requires grad",

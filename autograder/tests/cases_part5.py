@@ -81,7 +81,8 @@ HINT_UPDATE = ("update(layer, k_new, v_new) writes the new (B, H, T, d) keys/val
                "previous ones and returns the filled prefix (B, H, length + T, d)")
 HINT_VIEWS = ("update must return views (slices) of the preallocated (…, max_len, d) buffers, not fresh "
               "tensors: allocate once in __init__, never torch.cat")
-HINT_ERRORS = "raise ValueError with a one-line message that says what is wrong and what to do"
+HINT_ERRORS = ("raise ValueError with a one-line message that says what is wrong and what to do; check the layer "
+               "against 0 <= layer < n_layers first (a negative index would silently update the last layer)")
 HINT_RECOMPUTE = ("forward_with_cache must not recompute the cached tokens: project only the T new tokens, append "
                   "their k, v to the cache and attend to the cache (§8.2); each call's work must grow with T and "
                   "the context length, not with re-running the whole prefix")

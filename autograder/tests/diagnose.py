@@ -35,6 +35,8 @@ HINT_RESCALE = "acc and ℓ must be rescaled by exp(m_old - m_new) when the row 
 HINT_LSE_BASE2 = "lse is in base 2: use the natural log, lse = m + ln ℓ (§5.1)"
 HINT_LSE_MISSING_M = "lse is missing m: lse = m + log ℓ, not log ℓ (ℓ is a sum relative to the max m, §5.1)"
 HINT_LSE_NO_LOG_L = "lse is just the row max m: lse = m + log ℓ (§5.1)"
+HINT_LSE_UNSCALED_M = ("lse uses the max of the UNSCALED scores: lse = m + log ℓ with m the row max of the scaled "
+                       "scores scale·q·k (o is right: ℓ and acc are consistent, only the m added to log ℓ is not)")
 HINT_TOPLEFT = ("causal mask aligned top-left (key j <= i): the handout's alignment is bottom-right, "
                 "query i sees key j iff j <= i + (Nk - Nq) (§6.2)")
 HINT_CAUSAL_IGNORED = "causal=True must mask every key j > i + (Nk - Nq) (bottom-right, §6.2)"
@@ -316,6 +318,9 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
         "lse_missing_m": (o, log_l, HINT_LSE_MISSING_M),
         "lse_is_m": (o, m, HINT_LSE_NO_LOG_L),
     }
+    sc = _scale(q, scale)
+    if sc != 1.0:  # the scale moved into exp(scale·(s - m)) (legal) with m the max of the UNSCALED scores in lse
+        out["lse_unscaled_m"] = (o, torch.where(torch.isneginf(lse), lse, m / sc + log_l), HINT_LSE_UNSCALED_M)
     for name, missing in (("no_rescale_acc", "acc"), ("no_rescale_l", "l"), ("no_rescale", "both")):
         out[name] = (*no_rescale_forward(q, k, v, causal=causal, block_k=block_k, scale=scale, missing=missing),
                      HINT_RESCALE)
@@ -350,8 +355,16 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
     return out
 
 
-HINT_FORWARD_PAIRS_SKIPPED = ("its loops skip (Q block, K/V block) pairs in which some query sees some key: the K/V "
-                              "loop of Q block [i0, i1) runs from 0 up to min(Nk, i1 + Nk - Nq), causal or not (§6.2)")
+HINT_FORWARD_PAIRS_SKIPPED = ("every (Q block, K/V block) pair in which some query sees some key must add to o: these "
+                              "were skipped by the loops or masked whole (a mask compares GLOBAL indices, rows "
+                              "arange(i0, i1) with keys arange(j0, j1)); the K/V loop of Q block [i0, i1) runs from 0 "
+                              "up to min(Nk, i1 + Nk - Nq) (§6.2)")
+
+
+def _fitted(hint: str) -> bool:
+    """Whether a recogniser's hint is the fit of left-out block pairs (_pairs_text): it says WHICH pairs are
+    missing, not why (loop bounds, or a mask that hides whole tiles), so the rung's own text stays beside it."""
+    return "(Q block, K/V block) pair" in hint and " gives that leaves out " in hint
 
 
 def _pairs_text(which: str, what: str, dropped: list) -> str:
@@ -502,7 +515,7 @@ def diagnose_forward(actual: torch.Tensor, which: str, q, k, v, *, causal: bool,
     place = _rows_place(actual, correct, tol=tol, which=which, n_rows=nq, block=block_q, masked=masked) if where else ""
     finding = ladder() if ladder else pb.forward_ladder(student) if student is not None else None
     rec = forward_probe_hint(finding) if finding else None
-    if rec is not None:  # a known bug, proved on the failed probe's inputs: it, not the rung's guess
+    if rec is not None and not _fitted(rec):  # a known bug, proved on the failed probe's inputs: not the rung's guess
         return _compose(finding.message(proven=rec), place)
     if finding is None or finding.failed is None:  # the probes localised nothing
         rec = recognise_forward(actual, which, q, k, v, causal=causal, block_q=block_q, block_k=block_k,
@@ -600,10 +613,10 @@ def backward_variants(q, k, v, o, lse, do, *, causal, block_q, block_k, scale):
     return out
 
 
-HINT_PAIRS_SKIPPED = ("its loops skip (Q block, K/V block) pairs in which some query sees some key: every such pair "
-                      "adds to dQ, dK and dV; with the K/V blocks outside, the first Q block that sees key j0 holds "
-                      "row j0 - (Nk - Nq), and with the Q blocks outside the last K/V block ends at min(Nk, i1 + Nk - "
-                      "Nq) (§6.2, §7.4)")
+HINT_PAIRS_SKIPPED = ("every (Q block, K/V block) pair in which some query sees some key adds to dQ, dK and dV: "
+                      "these were skipped by the loops or masked whole (a mask compares GLOBAL indices); with the "
+                      "K/V blocks outside, the first Q block that sees key j0 holds row j0 - (Nk - Nq), and with the "
+                      "Q blocks outside the last K/V block ends at min(Nk, i1 + Nk - Nq) (§6.2, §7.4)")
 
 
 @remembered  # a pure function of the case's inputs: the same for every submission a judge grades
@@ -716,7 +729,7 @@ def diagnose_backward(actual: torch.Tensor, which: str, q, k, v, o, lse, do, *, 
     if finding is None and student is not None:
         finding = pb.backward_ladder(student)
     rec = backward_probe_hint(finding) if finding else None
-    if rec is not None:  # a known bug, proved on the failed probe's inputs: it, not the rung's guess
+    if rec is not None and not _fitted(rec):  # a known bug, proved on the failed probe's inputs: not the rung's guess
         return _compose(finding.message(proven=rec), place)
     if finding is None or finding.failed is None:  # the probes localised nothing
         rec = recognise_backward(actual, which, q, k, v, o, lse, do, causal=causal, block_q=block_q,

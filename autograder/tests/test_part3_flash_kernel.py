@@ -20,6 +20,9 @@ OUTPUTS = [
     # peaked (q × 100): a row's scores span hundreds, so no shift fixed early (from its first tile) keeps
     # exp in float32's range for every row: only the running max of the online softmax does (§4.3)
     C.KernelCase(nq=64, nk=200, d=16, block_rows=32, block_cols=32, seed=14, q_mult=100.0),
+    # a K/V tile of fewer float4s than threads (B_c·d = 64 < 4·B_r = 128): each thread's share of the
+    # tile's loads is ⌈B_c·d / (4·B_r)⌉, not its floor (0 here: nothing would be loaded)
+    C.KernelCase(nq=40, nk=48, d=8, block_rows=32, block_cols=8, seed=16),
 ]
 # Exact DRAM bytes: the lecture's shape (N = 256, d = 64, B = 64: 656,384 bytes with no cache,
 # 263,168 with an ideal cache) and a ragged one.
