@@ -26,7 +26,7 @@ VALUES = [
     AttnCase((2,), 96, 96, 16, block_q=32, block_k=32, q_mult=40.0),  # peaked: rescaling matters
     AttnCase((2,), 33, 33, 8, causal=True, block_q=16, block_k=16),  # the last Q block's last visible key opens a K/V block
     AttnCase((2,), 80, 100, 16, causal=True, block_q=32, block_k=32, dv=8),  # v's head dim is not q's
-    AttnCase((2,), 64, 64, 16, block_q=32, block_k=32, scale=0.3, seed=3),  # the scale argument, not 1/sqrt(d)
+    AttnCase((2,), 113, 113, 16, block_q=32, block_k=32, scale=0.3, seed=3),  # the scale argument, not 1/sqrt(d)
 ]
 MASKED = [AttnCase((2,), 203, 113, 16, causal=True, block_q=32, block_k=32)]
 TRACE = [
