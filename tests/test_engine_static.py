@@ -116,6 +116,7 @@ def test_reach_follows_absolute_imports_and_any_mention(line):
     "from configparser import ConfigParser\nConfigParser().read('flash_deco' + 'ding.py')",
     "import numpy as np\nx = np.fromregex('flash_deco' + 'ding.py', 'x', float)",
     "import torch\nx = torch.from_file('flash_deco' + 'ding.py')",
+    "from course.tiny_transformer import load_checkpoint\nload_checkpoint('flash_deco' + 'ding.py')",
 ])
 def test_a_file_that_can_reach_another_by_a_computed_name_reaches_every_graded_file(line):
     """An outside hostile student: a shared part-1 file imported flash_decoding.py by a name it computed
