@@ -16,6 +16,7 @@ In public tests the hint also says WHERE the error is (which rows / keys, which 
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Callable
 
@@ -342,7 +343,6 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
         out[name] = (*masked_attention(q, k, v, block_mask(nq, nk, **{**blocks, **flags}), scale)[:2], hint)
     other_scale = 1.0 if scale is None else 1.0 / math.sqrt(d)  # scale forgotten / scale argument ignored
     out["wrong_scale"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), other_scale)[:2], HINT_SCALE)
-    sc = _scale(q, scale)
     # with scale=None, (1/√d)² = 1/d: the scale applied twice and 1/d for 1/√d give the same output
     out["scale_twice"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), sc * sc)[:2],
                           HINT_SCALE_TWICE if scale is not None else HINT_SCALE_ONE_OVER_D)
@@ -380,8 +380,6 @@ def skipped_blocks_forward(actual: torch.Tensor, which: str, q, k, v, *, causal:
     per Q block, the set of its visible K/V blocks whose attention is closest to `actual` (every subset
     up to 8 blocks, else every run of consecutive blocks and every one left out), and the pairs left
     out; None when the closest leaves out nothing."""
-    import itertools
-
     q, k, v = (t.double() for t in (q, k, v))
     nq, nk = q.shape[-2], k.shape[-2]
     allowed = _mask(nq, nk, causal)
