@@ -711,17 +711,27 @@ def check_cache_unit(student, case: UnitCase) -> None:
         check_length_type(res["lengths"][n], what=what, inputs=inputs)
         check(res["lengths"][n] == layer0, what=what,
               detail=f"expected {layer0} (tokens in layer 0), got {res['lengths'][n]}", hint=HINT_LENGTH)
+    # every layer's tokens, all its updates: what its buffer holds at the end (the views are read then)
+    final = {lay: tuple(torch.cat([u[i] for u in updates if u[0] == lay], dim=2) for i in (1, 2))
+             for lay in {u[0] for u in updates}}
     seen: dict[int, tuple[list, list]] = {}
     for n, ((layer, k, v), (k_all, v_all)) in enumerate(zip(updates, res["results"], strict=True)):
         ks, vs = seen.setdefault(layer, ([], []))
         ks.append(k)
         vs.append(v)
-        for name, got, parts, other in (("k_all", k_all, ks, ("v_new", vs)), ("v_all", v_all, vs, ("k_new", ks))):
+        for i, (name, got, parts, other) in enumerate((("k_all", k_all, ks, ("v_new", vs)),
+                                                        ("v_all", v_all, vs, ("k_new", ks)))):
             want = torch.cat(parts, dim=2)
+            others = {f"the {other[0]} values passed so far instead: k and v swapped, or one buffer for both?":
+                      torch.cat(other[1], dim=2)}
+            for lay, held in final.items():  # another layer's tokens in this layer's slots
+                if lay != layer and held[i].shape[2] >= want.shape[2]:
+                    others[f"layer {lay}'s tokens instead: an update wrote into another layer's buffer (index the "
+                           f"layer: self.k[layer][..., start:start + T], not every layer's slots)"] = \
+                        held[i][:, :, :want.shape[2]]
             check_close(got, want, what=f"{name} returned by update #{n} (layer {layer})", inputs=inputs,
                         atol=0.0, rtol=0.0, dtype=DTYPES[case.dtype], hint=HINT_UPDATE,   # a copy: exact
-                        others={f"the {other[0]} values passed so far instead: k and v swapped, or one buffer "
-                                f"for both?": torch.cat(other[1], dim=2)})
+                        others=others)
     # Views, not copies, measured in the judge's replay: each layer's results share ONE storage (the
     # one its first result lives in), of at least a (B, H, max_len, d) buffer's size.
     itemsize = torch.empty((), dtype=DTYPES[case.dtype]).element_size()
