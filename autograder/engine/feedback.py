@@ -4,7 +4,8 @@ Both show the same content: per part, tests passed and points; then, for each pa
 pass, ONE line if it is not implemented yet, else its first failure in detail (what was checked,
 inputs, max abs/rel error and where, hint), followed by the list of EVERY failing test of the part:
 its name and, for a public test, the one-line reason (a student with two bugs sees both). Hidden
-tests arrive here already redacted by the engine, and are listed by name only.
+tests arrive here already redacted by the engine, one entry per test function (which case failed
+is not shown), and are listed by name and count only.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def failing_lines(part: dict, tests: list[dict]) -> list[str]:
     lines = [f"    failing tests ({len(failing)}):"]
     for t in failing:
         reason = f": {one_line_reason(t.get('message', ''))}" if t.get("set") == "public" and t.get("message") else ""
+        if "cases" in t:  # a hidden test function, its cases folded (runner.hidden_by_function)
+            reason = f" ({t['cases'] - t.get('passed', 0)} of {t['cases']} hidden cases failed)"
         lines.append(f"      - {t['id']}{reason}")
     return lines
 

@@ -738,11 +738,43 @@ OUTPUT_SHOWN = 2000  # characters of a test's printed output kept in a student's
 OUTPUT_TOTAL = 20000  # characters of printed output in one view, all tests together
 
 
+def hidden_by_function(tests: list[dict]) -> list[dict]:
+    """The tests with each hidden test function's cases folded into one entry, where the first of
+    them stood: id without the case number, outcome "failed" if any case failed (else the cases'
+    common outcome), score and max_score summed, `passed` of `cases`, the redacted verdict (the
+    same for every case of a function: hidden_verdict). Which hidden case failed would tell a
+    submission that branches on its inputs where the hidden shapes lie, one bit per case per grade;
+    the count tells it less, and the points show the count anyway."""
+    out: list[dict] = []
+    folded: dict[str, dict] = {}
+    for t in tests:
+        if t.get("set") != "hidden":
+            out.append(t)
+            continue
+        base = str(t.get("id", "")).split("[", 1)[0]
+        g = folded.get(base)
+        if g is None:
+            g = folded[base] = {"id": base, "part": t.get("part"), "set": "hidden", "outcome": t.get("outcome"),
+                                "score": 0.0, "max_score": 0.0, "message": "", "passed": 0, "cases": 0}
+            out.append(g)
+        g["cases"] += 1
+        g["score"] = round(g["score"] + float(t.get("score") or 0.0), 6)
+        g["max_score"] = round(g["max_score"] + float(t.get("max_score") or 0.0), 6)
+        if t.get("outcome") == "passed":
+            g["passed"] += 1
+        else:
+            if g["outcome"] == "passed" or t.get("outcome") == "failed":
+                g["outcome"] = t.get("outcome")
+            g["message"] = g["message"] or t.get("message", "")
+    return out
+
+
 def student_view(report: dict) -> dict:
     """The report as a student may see it (every channel renders this): hidden tests arrive
-    redacted by the engine (hidden_verdict); here they also lose any output, the error list loses
-    the lines about hidden tests (whether one could not run would be one more bit), printed output
-    is truncated, and timings go."""
+    redacted by the engine (hidden_verdict); here they also lose any output, their cases are
+    folded into one entry per test function (hidden_by_function: counts, not which case), the
+    error list loses the lines about hidden tests (whether one could not run would be one more
+    bit), printed output is truncated, and timings go."""
     view = json.loads(json.dumps(report))
     view["errors"] = [sanitize.line(e, 500) for e in view.get("errors", [])
                       if not e.startswith(HIDDEN_ERROR_PREFIX) and "hidden" not in e.lower()]
@@ -757,6 +789,11 @@ def student_view(report: dict) -> dict:
             budget -= keep
             t["output"] = text[:keep] + (f"\n[... output truncated: {len(text)} characters in all]"
                                          if len(text) > keep else "")
+    view["tests"] = hidden_by_function(view.get("tests", []))
+    for row in view.get("parts", []):
+        first = row.get("first_failure")
+        if isinstance(first, dict) and first.get("set") == "hidden":
+            first["test"] = str(first.get("test", "")).split("[", 1)[0]
     view.pop("timing", None)
     return view
 

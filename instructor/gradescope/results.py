@@ -33,6 +33,8 @@ OUTPUT_CHARS = 4000  # per test, Gradescope renders long outputs poorly
 
 def _test_output(t: dict) -> str:
     text = str(t.get("message") or ("passed" if t.get("outcome") == "passed" else t.get("outcome", "")))
+    if "cases" in t:  # a hidden test function, its cases folded (runner.hidden_by_function)
+        text = f"{t.get('passed', 0)}/{t['cases']} hidden cases passed\n{text}"
     if t.get("set") != "hidden" and t.get("output"):
         text += "\n\nyour code printed:\n" + str(t["output"])
     return text if len(text) <= OUTPUT_CHARS else text[:OUTPUT_CHARS] + "\n[... truncated]"
