@@ -272,6 +272,51 @@ def test_a_worker_serves_one_part(assignment, tmp_path):
     assert failure["outcome"] == "failed" and "torch.float64" in failure["message"]
 
 
+# c.py reaches a.py by a name it computes, through a gadget of a plain import (typing evaluates a string):
+# no static analysis of c.py sees it, so part 3's key (reuse.part_key) holds c.py alone
+GADGET = ("import typing\n\n"
+          "def plus_one(n):\n"
+          "    name = __name__.rpartition('.')[0] + '.' + chr(97)\n"
+          "    m = typing.ForwardRef('__imp' + 'ort__(' + repr(name) + ', fromlist=[\"_\"])')._evaluate({}, None, frozenset())\n"
+          "    return m.twice(n) - n + 1\n")
+
+
+def test_a_part_worker_holds_only_the_files_its_part_reaches(assignment, tmp_path):
+    """A part's worker imports from a folder with the graded files deps.reach finds for the part, no
+    others: a file reached by a name no analysis sees is not there, so the part cannot depend on a file
+    its reuse key leaves out (a colluder's a.py would otherwise grade a starter's part 3)."""
+    from autograder.engine import deps
+    from autograder.engine.rubric import load_rubric
+
+    sources = {"a.py": A, "b.py": B, "c.py": GADGET}
+    assert deps.reach(load_rubric(assignment["rubric"]), 3, sources) == {"c.py"}  # the gadget is not seen
+    report = grade(submission(tmp_path / "one", c=GADGET), parts=[3], **assignment)
+    failure = next(t for t in report["tests"] if t["id"].endswith("test_plus_one"))
+    assert failure["outcome"] == "failed" and "ModuleNotFoundError" in failure["message"], failure
+    # the same file with every other file present or not grades alike: its key is all it could use
+    store = PartResults()
+    first = grade(submission(tmp_path / "two", c=GADGET), parts=[3], reuse=store, **assignment)
+    alone = tmp_path / "three"
+    alone.mkdir()
+    (alone / "c.py").write_text(GADGET)
+    second = grade(alone, parts=[3], reuse=store, **assignment)
+    assert second["timing"]["reused_parts"] == [3] and graded(second) == graded(grade(alone, parts=[3], **assignment))
+    assert graded(first) == graded(second)
+
+
+def test_a_code_folder_holds_the_files_asked_for_and_is_private(tmp_path):
+    from autograder.engine.submission import prepare_submission
+    from autograder.engine.worker import PACKAGE
+
+    impl = submission(tmp_path / "impl")
+    sub = prepare_submission(impl, ["a.py", "b.py", "c.py"], tmp_path / "work")
+    code = sub.code_for({"b.py", "a.py", "missing.py"})
+    assert sorted(p.name for p in (code / PACKAGE).iterdir()) == ["__init__.py", "a.py", "b.py"]
+    assert sub.code_for(["a.py", "b.py"]) == code and sub.code_for(["c.py"]) != code
+    assert (code.stat().st_mode & 0o777) == 0o700 and (sub.package_dir.parent.stat().st_mode & 0o777) == 0o700
+    assert (sub.root.stat().st_mode & 0o777) == 0o711  # traversable to a uid-mode worker, not listable
+
+
 def test_the_store_is_bounded():
     store = PartResults(total_bytes=3000, entry_bytes=1200)
     assert not store.put("big", {"tests": ["x" * 2000]})  # larger than one entry may be

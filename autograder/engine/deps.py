@@ -7,6 +7,12 @@ files(P) ∪ uses(P) under the graded files' imports of each other (relative or 
 of a graded module's name), or every graded file when one of those files could reach another by a
 name it computes or read it as data (DYNAMIC). An edit to a file outside reach(P) cannot change P's
 results: the tests are deterministic and the same code runs in the same order.
+
+The analysis is not trusted to be complete (Python's reflective surface has no end: typing.ForwardRef
+evaluates a string). Part P's workers are GIVEN reach(P)'s files only (SubmissionCopy.code_for), so
+whatever the code does, a file outside reach(P) is not there to run or read: the reuse key
+(reuse.part_key) holds everything P's code can use, and a file the analysis missed makes P fail alike
+whoever submitted it, never take another submission's result.
 """
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ submission.py (the private copy of the graded files), workers.py (processes and 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
-from . import memory, protocol, sanitize, transcripts
+from . import deps, memory, protocol, sanitize, transcripts
 from .errors import StudentError
 from .limits import Limits
 from .paths import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT
@@ -122,6 +123,7 @@ class Engine:
         self._clock: tuple[int, float] | None = None  # (part, since when) of the test or diagnosis running
         self.transcript: transcripts.Transcript | None = None  # the running test's events (transcripts.py)
         self.memo: dict = {}  # what this run's tests share (StudentProxy.memo); never another run's
+        self._reached: dict[int, set[str]] = {}  # part -> deps.reach
 
     def start_clock(self, part: int) -> None:
         """A test or diagnosis of `part` starts: its wall time counts toward the part's budget."""
@@ -138,6 +140,19 @@ class Engine:
         """The wall time `part` has taken so far in this grade (Limits.part_budgets)."""
         running = time.perf_counter() - self._clock[1] if self._clock is not None and self._clock[0] == part else 0.0
         return self.part_spent.get(part, 0.0) + running
+
+    def reached(self, part: int) -> set[str]:
+        """The graded files part `part` can run (deps.reach), worked out once per part."""
+        found = self._reached.get(part)
+        if found is None:
+            found = self._reached[part] = deps.reach(self.rubric, part, self.sub.present)
+        return found
+
+    def code_for(self, part: int) -> Path:
+        """The folder part `part`'s workers import from: the graded files it reaches, no others, which is
+        what its reused result is keyed on (reuse.part_key); every file where one worker serves all parts."""
+        files = self.reached(part) if self.limits_for(part).worker_per_part else self.sub.present
+        return self.sub.code_for(files)
 
     def limits_for(self, part: int) -> Limits:
         # rubric defaults < the part's limits in the rubric < explicit overrides of grade()
@@ -232,6 +247,7 @@ class Engine:
         sink.total = 0  # the cap applies per call; `data` keeps accumulating up to `keep`
         spare = state.losses + 1 < limits.max_losses  # a replacement only if this part may call again
         memory.set_bound(limits.judge_memory_mb)  # also what replay.py checks during this call's replays
+        self.pool.code = self.code_for(proxy.part)
         try:
             reply, buffers = self.pool.request(op, target, args, kwargs, timeout, sink, [m + ".py" for m in allowed],
                                                spare=spare)

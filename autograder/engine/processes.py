@@ -438,10 +438,13 @@ class Worker:
     started directly as `[*prefix, python, -I, -S, -c, bootstrap]`."""
 
     def __init__(self, sub: "SubmissionCopy", modules: list[str], limits: Limits, prefix: WorkerPrefix,
-                 server: Zygote | None = None) -> None:
+                 server: Zygote | None = None, code: Path | None = None) -> None:
+        """code: the folder whose package this worker imports (SubmissionCopy.code_for: its part's
+        files only); default every graded file present."""
         import resource as rl
 
         self.limits, self.sub = limits, sub
+        self.code = code if code is not None else sub.code_for(sub.present)
         mem = limits.memory_mb << 20 if limits.memory_mb > 0 else -1
         env = _worker_env(sub.root, limits.threads)
         self.started = time.perf_counter()
@@ -449,7 +452,7 @@ class Worker:
         if zygote is None and _forkable(prefix) and limits.fork_server:
             zygote = Zygote.get(limits.startup_timeout_s)
         self.proc: _PopenProc | _ForkedProc | None = None
-        code_root = str(sub.root / "sub")  # where the worker imports the submission's package from
+        code_root = str(self.code)  # where the worker imports the submission's package from
         if zygote is not None:
             lib = zygote.lib_dir
             rlimits = {"RLIMIT_AS": mem, "RLIMIT_CORE": 0, "RLIMIT_FSIZE": limits.file_size_mb << 20,
@@ -458,10 +461,10 @@ class Worker:
             if zygote.sandboxed:  # the sandbox is the server's; the child adds rlimits, seccomp, its scratch
                 confine = prefix.forked_confinement()
                 # the sandbox binds no submission: the server writes this one's files below its scratch
-                code = (f"{zygote.scratch}/code-{secrets.token_hex(8)}", sub.package_dir)
+                code = (f"{zygote.scratch}/code-{secrets.token_hex(8)}", self.code / PACKAGE)
                 cwd = code[0]
             elif prefix is not None:  # a SandboxError here is the sandbox refusing: it propagates
-                confine = prefix.confinement([*_worker_paths(sub), str(zygote.root)])
+                confine = prefix.confinement([*_worker_paths(sub, self.code), str(zygote.root)])
             if confine is not None and confine.get("scratch"):
                 env = {**env, "HOME": confine["scratch"], "TMPDIR": confine["scratch"]}
             try:
@@ -480,7 +483,7 @@ class Worker:
                 fsz=limits.file_size_mb << 20, cpu=rl.RLIMIT_CPU, cpus=limits.cpu_s)
             argv = [sys.executable, "-I", "-S", "-c", boot]
             if prefix is not None:
-                paths = _worker_paths(sub)
+                paths = _worker_paths(sub, self.code)
                 argv = [*(prefix(paths) if callable(prefix) else prefix), *argv]
             self.proc = _PopenProc(argv, env, str(sub.root))
         self._out_fd, self._err_fd = self.proc.stdout_fd, self.proc.stderr_fd
@@ -653,10 +656,11 @@ class Worker:
                 break
 
 
-def _worker_paths(sub: "SubmissionCopy") -> list[str]:
-    """What a sandboxed worker reads: its submission copy, the worker trees (paths.WORKER_TREES: the
-    course package, the scenarios, the engine's worker files), the interpreter and its packages."""
-    return [str(sub.root), *map(str, worker_trees()), sys.prefix, sys.base_prefix, *_site_dirs()]
+def _worker_paths(sub: "SubmissionCopy", code: Path) -> list[str]:
+    """What a sandboxed worker reads: its code folder (its part's graded files: SubmissionCopy.code_for,
+    never the whole copy), its lib folder, the worker trees (paths.WORKER_TREES: the course package,
+    the scenarios, the engine's worker files), the interpreter and its packages."""
+    return [str(code), str(sub.lib_dir), *map(str, worker_trees()), sys.prefix, sys.base_prefix, *_site_dirs()]
 
 
 def _forkable(prefix: WorkerPrefix) -> bool:
@@ -808,6 +812,9 @@ class WorkerPool:
         self.sub, self.modules, self.limits, self.prefix = sub, modules, limits, prefix
         self.stats = CallStats()
         self.shown = True  # the next worker serves a set whose results are shown (the engine sets it)
+        # the folder the next worker imports from: the graded files its part reaches (the engine sets
+        # it per request: SubmissionCopy.code_for); a worker given other files is replaced
+        self.code: Path | None = None
         self._worker: Worker | None = None
         self._server_failure: str | None = None  # why this submission's workers are started directly
 
@@ -824,9 +831,11 @@ class WorkerPool:
             return None
 
     def start(self) -> None:
+        if self._worker is not None and self.code is not None and self._worker.code != self.code:
+            self.discard(spare=False)  # it could import files the next call's part does not reach
         if self._worker is None:
             server = self._sandbox_server()
-            self._worker = Worker(self.sub, self.modules, self.limits, self.prefix, server=server)
+            self._worker = Worker(self.sub, self.modules, self.limits, self.prefix, server=server, code=self.code)
             self.stats.worker_starts += 1
             if server is not None and not self._worker.forked:  # it failed: the rest start directly
                 self._server_failure = server.failure or "the fork server in the sandbox refused to fork"

@@ -621,6 +621,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
                                hidden_path if hidden_path.is_dir() else None, passed_tests)
         try:
             if files:
+                engine.pool.code = engine.code_for(numbers[0])  # the first part's files (a direct start's)
                 engine.pool.warm_up()  # torch is imported for the worker while pytest collects
                 markers = " or ".join(rubric_obj.part(n).marker for n in numbers)
                 args = [*files, "-c", str(ENGINE_DIR / "judge.ini"), "--rootdir", str(tests_path),

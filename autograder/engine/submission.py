@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from .worker import PACKAGE
 from .processes import write_lib
@@ -27,6 +28,28 @@ class SubmissionCopy:
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def code_for(self, files: Iterable[str]) -> Path:
+        """A folder that holds the package with only `files` (those present): what one part's workers
+        import from. A part reaches the graded files deps.reach finds, and its reused result
+        (reuse.part_key) is keyed on exactly those; a worker that had the other files too could run
+        or read one by a name no static analysis sees (typing.ForwardRef evaluates a string, and the
+        list of such gadgets has no end). So the key is not a guess of what the code can read: it is
+        what the code is given. Made once per distinct set, 0700 until a sandbox opens it to its
+        worker; the copy's own package (package_dir) is the judge's and no worker's."""
+        return self._code(sorted(set(files) & set(self.present)))
+
+    def _code(self, names: list[str]) -> Path:
+        key = hashlib.sha256("\0".join(names).encode()).hexdigest()[:16]
+        code = self.root / f"code-{key}"
+        if not code.is_dir():
+            package = code / PACKAGE
+            code.mkdir(mode=0o700)
+            package.mkdir(mode=0o700)
+            shutil.copyfile(self.package_dir / "__init__.py", package / "__init__.py")
+            for name in names:
+                shutil.copyfile(self.package_dir / name, package / name)
+        return code
+
 
 def prepare_submission(impl_dir: Path, graded_files: Sequence[str], workdir: Path) -> SubmissionCopy:
     """Copy ONLY the graded files of impl_dir into a fresh private package.
@@ -36,8 +59,14 @@ def prepare_submission(impl_dir: Path, graded_files: Sequence[str], workdir: Pat
     package's __init__.py is written here, empty, so one broken file cannot break the others.
     """
     impl_dir = Path(impl_dir)
+    # The copy is the judge's: no worker reads it (each reads a code folder of its part's files,
+    # SubmissionCopy.code_for). The root is traversable, not listable (a uid-mode worker reaches its
+    # own folders below it); the copy's folder stays 0700.
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.chmod(workdir, 0o711)
     package_dir = workdir / "sub" / PACKAGE
-    package_dir.mkdir(parents=True)
+    (workdir / "sub").mkdir(mode=0o700)
+    package_dir.mkdir(mode=0o700)
     (package_dir / "__init__.py").write_text('"""The graded files of one submission (a private copy)."""\n')
     present: dict[str, str] = {}
     problems: dict[str, str] = {}
