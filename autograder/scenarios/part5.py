@@ -201,16 +201,22 @@ def cache_updates(student, n_layers: int, batch: int, n_heads: int, max_len: int
 
 
 def cache_errors(student, n_layers: int, batch: int, n_heads: int, max_len: int, head_dim: int,
-                 prefill: int, bad_updates: dict[str, tuple[int, torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
-    """For each named bad update: a fresh cache filled with `prefill` tokens in every layer, then
-    update(layer, k, v) that must raise. Returns {name: {"raised": exception type name or None,
-    "value_error": bool, "message": str(exception)}}."""
+                 prefill: tuple[torch.Tensor, torch.Tensor], bad_updates: dict[str, tuple[int, torch.Tensor, torch.Tensor]],
+                 splits: dict[str, int], fits: dict[str, tuple[int, torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+    """For each named bad update: a fresh cache that gets prefill's tokens in every layer (prefill: k, v of
+    shape (n_layers, B, H, T0, d)) in `splits[name]` updates per layer, then update(layer, k, v) that must
+    raise, then the update fits[name] that fits and must not. Returns {name: {"raised": exception type name
+    or None, "value_error": bool, "message": str(exception), "after": {"raised": ..., "message": ...,
+    "value": what the fitting update returned}}}."""
     kv = student.module("kv_cache")
     out = {}
+    k0, v0 = prefill
     for name, (layer, k_new, v_new) in bad_updates.items():
         cache = kv.KVCache(n_layers, batch, n_heads, max_len, head_dim)
-        for i in range(n_layers):
-            cache.update(i, torch.zeros(batch, n_heads, prefill, head_dim), torch.zeros(batch, n_heads, prefill, head_dim))
+        cuts = torch.linspace(0, k0.shape[3], splits[name] + 1).round().long().tolist()
+        for a, b in zip(cuts, cuts[1:]):
+            for i in range(n_layers):
+                cache.update(i, k0[i, :, :, a:b].clone(), v0[i, :, :, a:b].clone())
         try:
             cache.update(layer, k_new, v_new)
         except Exception as exc:  # noqa: BLE001 -- the exception IS the result here
@@ -218,4 +224,13 @@ def cache_errors(student, n_layers: int, batch: int, n_heads: int, max_len: int,
                          "message": str(exc)}
         else:
             out[name] = {"raised": None, "value_error": False, "message": ""}
+        fit_layer, k_fit, v_fit = fits[name]
+        try:
+            value = cache.update(fit_layer, k_fit, v_fit)
+        except Exception as exc:  # noqa: BLE001 -- an error here is the result too
+            out[name]["after"] = {"raised": type(exc).__name__, "message": str(exc), "value": None}
+        else:
+            if type(value) in (tuple, list):
+                value = tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in value)
+            out[name]["after"] = {"raised": None, "message": "", "value": value}
     return out

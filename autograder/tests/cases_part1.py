@@ -661,11 +661,28 @@ def check_passes(student, which: str, n: int, seed: int, shift: float = 0.0) -> 
                 dtype=torch.float64)
 
 
+REBASE_SHIFT = 1000.0  # exp(x) overflows float64 from ~710 on: only a sum kept relative to the running max is finite
+
+
 def check_rebases(student, n: int, seed: int, order: str = "random") -> None:
-    values = counted_values(n, seed, order)
-    out = student.scenario("part1.counted", values=values, which="online")
-    _, rebases = unpack(out.get("result") if type(out) is dict else out, 2,
-                        what="online_softmax_counted(x) returns (probabilities, rebases)", hint=HINTS["rebases"])
+    """The rebase count of online_softmax_counted, from the call whose passes the judge counts (it
+    delivers the values block by block): the count earns its points only where that call is the online
+    softmax, two passes with the right probabilities on values shifted by REBASE_SHIFT. A count is a
+    property of any scan of the running max: a three-pass safe softmax, or a naive one, with a counter
+    beside it would count the same rebases without the algorithm the test is about."""
+    values = [v + REBASE_SHIFT for v in counted_values(n, seed, order)]
+    fn = "online_softmax_counted"
+    result, reads = judge_counted(student, "online", [values])
+    probs, rebases = unpack(result, 2, what=f"{fn}(x) returns (probabilities, rebases)", hint=HINTS["rebases"])
+    probs = _float_list(probs, n, f"{fn}(x) returns a list of probabilities", HINTS["passes"]["online"])
+    check(reads == 2 * n, what=f"the call whose rebases are counted is the online softmax: {fn} reads every element "
+                               "exactly 2 times (counted by the judge)",
+          detail=f"the judge delivered {reads} element reads for {n} elements = {reads / max(n, 1):.3g} passes, "
+                 f"expected 2", hint=HINTS["passes"]["online"], inputs={"x": (n,)})
+    check_close(probs, ref_softmax(torch.tensor(values, dtype=torch.float64)),
+                what=f"the call whose rebases are counted is the online softmax: {fn}(x) against float64 softmax, "
+                     f"x around {REBASE_SHIFT:g} (exp(x) alone overflows)", inputs={"x": (n,)}, atol=1e-12, rtol=0.0,
+                hint=HINTS[VALUE_HINTS["online"]], dtype=torch.float64)
     want = expected_rebases(values)
     hint = HINTS["rebases"]
     if order == "ties" and type(rebases) is int and rebases > want:

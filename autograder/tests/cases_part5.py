@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autograder.engine import replay
+from autograder.engine import replay, sanitize
 from autograder.engine import tolerances as tol
 from autograder.engine.checks import CheckFailure, check, check_close, join_hints, one_thread
 from autograder.engine.errors import StudentError
@@ -83,6 +83,9 @@ HINT_VIEWS = ("update must return views (slices) of the preallocated (…, max_l
               "tensors: allocate once in __init__, never torch.cat")
 HINT_ERRORS = ("raise ValueError with a one-line message that says what is wrong and what to do; check the layer "
                "against 0 <= layer < n_layers first (a negative index would silently update the last layer)")
+HINT_REJECTED = ("a rejected update changes nothing: check every argument (layer, shapes, room left) before you write "
+                 "into the buffers or move the layer's length, so the next update that fits succeeds and returns the "
+                 "tokens cached before it, then its own")
 HINT_RECOMPUTE = ("forward_with_cache must not recompute the cached tokens: project only the T new tokens, append "
                   "their k, v to the cache and attend to the cache (§8.2); each call's work must grow with T and "
                   "the context length, not with re-running the whole prefix")
@@ -766,9 +769,23 @@ def bad_updates(case: UnitCase, prefill: int) -> dict[str, tuple[int, torch.Tens
 
 
 def check_cache_errors(student, case: UnitCase, prefill: int, names: tuple[str, ...]) -> None:
-    """Overflowing max_len and wrong shapes raise ValueError with a one-line message."""
+    """Overflowing max_len and wrong shapes raise ValueError with a one-line message, and change nothing:
+    after each, an update that fits succeeds and returns the tokens cached before it, then its own. (A
+    test of "raises" alone is passed by an update that always raises.) The prefill comes in 1, 2 or 3
+    updates per layer, so that the bad update is not always the same call."""
+    assert 0 < prefill < case.max_len, "a case leaves room for the update that fits"
     bad = {k: v for k, v in bad_updates(case, prefill).items() if k in names}
-    res = student.scenario("part5.cache_errors", **case.dims(), prefill=prefill, bad_updates=bad)
+    g = torch.Generator().manual_seed(case.seed + 77)
+    B, H, d, L = case.batch, case.n_heads, case.head_dim, case.n_layers
+    k0, v0 = (torch.randn(L, B, H, prefill, d, generator=g) for _ in range(2))
+    splits = {name: 1 + i % min(3, prefill) for i, name in enumerate(bad)}
+    fit = case.max_len - prefill
+    fits = {}
+    for name, (layer, _, _) in bad.items():  # the bad update's layer, else the last (a wrapped -1's)
+        target = layer if 0 <= layer < L else L - 1
+        fits[name] = (target, torch.randn(B, H, fit, d, generator=g), torch.randn(B, H, fit, d, generator=g))
+    res = student.scenario("part5.cache_errors", **case.dims(), prefill=(k0, v0), bad_updates=bad, splits=splits,
+                           fits=fits)
     for name in names:
         r = res[name]
         what = f"update with {name.replace('_', ' ')} (cache {case.dims()}, {prefill} tokens cached)"
@@ -776,3 +793,14 @@ def check_cache_errors(student, case: UnitCase, prefill: int, names: tuple[str, 
               detail=f"expected ValueError, got {r['raised'] or 'no exception'}", hint=HINT_ERRORS)
         check(bool(r["message"].strip()) and "\n" not in r["message"].strip(), what=what + ": the error message",
               detail=f"message {r['message']!r} is empty or spans several lines", hint=HINT_ERRORS)
+        target, k_fit, v_fit = fits[name]
+        after, then = r["after"], f"after the rejected update with {name.replace('_', ' ')}, an update of layer " \
+                                  f"{target} with {fit} tokens (it fills max_len = {case.max_len} exactly)"
+        check(after["raised"] is None, what=then + " succeeds",
+              detail=f"it raised {after['raised']}: {sanitize.line(after['message'], 200)}", hint=HINT_REJECTED)
+        value = after["value"]
+        check(type(value) in (tuple, list) and len(value) == 2, what=then + " returns (k_all, v_all)", hint=HINT_UPDATE)
+        for got, old, new, label in ((value[0], k0, k_fit, "k_all"), (value[1], v0, v_fit, "v_all")):
+            check_close(got, torch.cat([old[target], new], dim=2), what=f"{label} returned {then}: the tokens "
+                        "cached before it, then its own", inputs={**case.dims(), "prefill": prefill}, atol=0.0,
+                        rtol=0.0, dtype=torch.float32, hint=HINT_REJECTED)

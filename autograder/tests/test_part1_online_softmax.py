@@ -89,5 +89,5 @@ def test_pass_counts(student, case):
 
 @cases(dict(n=1000, seed=21), dict(n=200, seed=23, order="ties"))  # ties: equal to the max is not a rebase
 def test_rebase_count(student, case):
-    """online_summary's rebase count: how often the running max grew (a value equal to the max is not a rebase)."""
+    """online_softmax_counted's rebase count: how often the running max grew (a value equal to the max is not a rebase), on a call the judge counts as the two-pass online softmax with the right probabilities (§4.3)."""
     C.check_rebases(student, **case)

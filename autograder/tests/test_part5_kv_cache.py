@@ -31,7 +31,7 @@ def test_cache_update_and_length(student, case):
 @cases(dict(unit=UNIT, prefill=6, names=("overflow", "wrong_head_dim", "k_v_mismatch", "layer_past_the_last",
                                         "negative_layer")))
 def test_cache_errors(student, case):
-    """KVCache.update raises ValueError, with a one-line message, on overflow, a wrong head_dim, k and v of different shapes, or a layer outside 0..n_layers-1 (a negative one too)."""
+    """KVCache.update raises ValueError, with a one-line message, on overflow, a wrong head_dim, k and v of different shapes, or a layer outside 0..n_layers-1 (a negative one too); the rejected update changes nothing: the next one that fits succeeds."""
     C.check_cache_errors(student, case["unit"], prefill=case["prefill"], names=case["names"])
 
 
