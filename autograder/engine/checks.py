@@ -169,6 +169,23 @@ HINT_OVERFLOW = ("inf where a finite value is expected: an exp that overflowed (
                  "x = 88.7: subtract the max before exp, §4.2) or a division by 0")
 
 
+HINT_FLOAT32 = ("this float64 result holds float32 numbers only (each equals its rounding to float32): the computation "
+                "went through float32 somewhere, a .float() or a tensor made without dtype= (torch.zeros(n), "
+                "torch.tensor(...), torch.full(...) default to float32): keep the input's dtype throughout")
+
+
+def _float32_inside(actual: torch.Tensor, expected: torch.Tensor, max_rel: float) -> str | None:
+    """HINT_FLOAT32 when a float64 result is off by float32's rounding and every finite value of it is a
+    float32 number (it went through float32), while the expected values are not all float32 numbers."""
+    if actual.dtype != torch.float64 or not 0 < max_rel < 1e-4:
+        return None
+    a, e = actual.detach(), expected.detach().to(torch.float64)
+    fa, fe = a[torch.isfinite(a)], e[torch.isfinite(e)]
+    if fa.numel() < 2 or not bool((fa == fa.float().double()).all()) or bool((fe == fe.float().double()).all()):
+        return None
+    return HINT_FLOAT32
+
+
 def _never_written(actual: torch.Tensor, where: torch.Tensor) -> int:
     """How many elements of `actual` at `where` hold the replay's 'never written' value (replay.unwritten)."""
     from .replay import unwritten  # (the replay fills what torch.empty returns; a plain tensor has none)
@@ -302,7 +319,7 @@ def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
     raise CheckFailure(what, inputs=inputs, max_abs=max_abs if plain is not None else float(diff[i]),
                        max_rel=max_rel, index=i, expected_value=float(e[i].real if e.is_complex() else e[i]),
                        actual_value=float(a[i].real if a.is_complex() else a[i]), allowed=allowed, hint=hint,
-                       kind="mismatch", observed=_holds_other(a, e, others))
+                       kind="mismatch", observed=_holds_other(a, e, others) or _float32_inside(actual, e, max_rel))
 
 
 def judge_settings(max_examples: int = 25, **overrides: Any):

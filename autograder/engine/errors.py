@@ -45,6 +45,9 @@ EXCEPTION_HINTS: tuple[tuple[str, str], ...] = (
      "two operands' shapes do not fit at that line: print both shapes. The usual causes here: a reduction over "
      "the wrong dim (dim=0 vs dim=-1) left the wrong size; a row statistic (..., N) meets a (..., N, d) tensor "
      "without its trailing dim (unsqueeze(-1))"),
+    (r"Dimension out of range",
+     "a dim that this input does not have: count dims from the end (dim=-2 for the keys or rows, -1 for the "
+     "features), never a fixed dim=2 or dim=3, so that any number of leading dims works"),
     (r"out of (bounds|range)|IndexError",
      "an index past the end at that line: a guard for the ragged last block (it ends at N, not at start + B), or "
      "an offset or stride too large (a head's rows start at head·N with that buffer's own N: Nq for Q, O and L, "

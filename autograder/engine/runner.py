@@ -26,7 +26,7 @@ import pytest
 
 from . import cases as case_sets
 from . import deps, memory, sanitize, static, transcripts
-from .checks import CheckFailure, one_thread
+from .checks import NAMES_NOTHING, CheckFailure, join_hints, one_thread
 from .errors import LOST_KINDS, exception_hint
 from .judge import AUTOGRADER_DIR, ENGINE_DIR, REPO_ROOT, Engine, Limits, StudentError, StudentProxy, WorkerPrefix, \
     prepare_submission
@@ -190,6 +190,9 @@ class GradingPlugin:
             elif report.failed and res["exc"] is None:
                 exc = _relevant(call.excinfo.value) if call.excinfo else None
                 res["exc"] = _detached(exc)
+                if isinstance(exc, StudentError) and exc.kind == "exception" and \
+                        self.by_id[item.nodeid]["set"] not in self.redact_sets:
+                    res["diagnosis"] = self.localise(item.nodeid)
                 if isinstance(exc, (CheckFailure, StudentError)) or (isinstance(exc, AssertionError)):
                     res["outcome"] = "failed"
                 else:
@@ -214,17 +217,39 @@ class GradingPlugin:
         and is the same for every hidden case of a test, however the submission fails them. It costs
         the probes' calls on every grade with hidden tests, shown or not."""
         for key, (fn, part) in self.pending.items():
-            proxy = StudentProxy(self.engine, part, f"diagnosis/{_diagnosis_name(fn)}", test_set="diagnosis")
-            self.engine.start_clock(part)  # a diagnosis's time is its part's (Limits.part_budgets)
-            try:
-                with one_thread():
-                    found = fn(proxy)
-            except Exception:  # noqa: BLE001 -- a diagnosis that cannot run gives no hint, never an error
-                found = None
-            finally:
-                self.engine.stop_clock()
-            text = found.message() if hasattr(found, "message") else found
-            self.hints[key] = sanitize.line(text, 800) if isinstance(text, str) and text.strip() else None
+            if key not in self.hints:  # (a public test's exception may have run it: localise)
+                self._diagnose(key, fn, part)
+
+    def _diagnose(self, key: Any, fn: Callable[..., Any], part: int) -> None:
+        clock = self.engine._clock
+        proxy = StudentProxy(self.engine, part, f"diagnosis/{_diagnosis_name(fn)}", test_set="diagnosis")
+        self.engine.start_clock(part)  # a diagnosis's time is its part's (Limits.part_budgets)
+        try:
+            with one_thread():
+                found = fn(proxy)
+        except Exception:  # noqa: BLE001 -- a diagnosis that cannot run gives no hint, never an error
+            found = None
+        finally:
+            self.engine.stop_clock()
+            if clock is not None:  # a test's clock was running (localise): it goes on
+                self.engine.start_clock(clock[0])
+        text = found.message() if hasattr(found, "message") else found
+        self.hints[key] = sanitize.line(text, 800) if isinstance(text, str) and text.strip() else None
+
+    def localise(self, nodeid: str) -> str | None:
+        """For a public test whose call raised: what its declared diagnosis localises (the probe ladder's
+        failed rung, e.g. "raises with leading dims (2, 3)"), which the exception's own line cannot say;
+        None where the probes found nothing. Run once per diagnosis, on the judge's fixed probe inputs
+        in a diagnosis worker, before any hidden test: its text is the one a hidden failure's hint gets."""
+        fn = self.diagnoses.get(nodeid)
+        if fn is None:
+            return None
+        key = _diagnosis_key(fn)
+        if key not in self.hints:
+            self._diagnose(key, fn, self.by_id[nodeid]["part"])
+        text = self.hints.get(key)
+        named = [c for c in (text or "").split("; ") if c.strip() and not c.startswith(NAMES_NOTHING)]
+        return "; ".join(named) or None
 
     def hidden_hint(self, nodeid: str) -> str | None:
         fn = self.diagnoses.get(nodeid)
@@ -319,6 +344,14 @@ def hidden_verdict(checks: str, hint: str | None) -> dict:
     return {"kind": "hidden", "what": checks, "hint": hint, "message": "\n".join(lines)}
 
 
+def _exception_hint(exc: StudentError, res: dict) -> str | None:
+    """A raised call's hint: where the probes localise the failure first (GradingPlugin.localise), then
+    what the exception usually means (errors.exception_hint)."""
+    if exc.kind != "exception":
+        return None
+    return join_hints(res.get("diagnosis"), exception_hint(str(exc))) or None
+
+
 def _message(res: dict) -> str:
     """A failed public test's message: the check's or the call's message, cleaned (a returned string
     or an exception message may appear in it)."""
@@ -326,7 +359,7 @@ def _message(res: dict) -> str:
     if isinstance(exc, CheckFailure):
         text = exc.message()
     elif isinstance(exc, StudentError):
-        hint = exception_hint(str(exc)) if exc.kind == "exception" else None
+        hint = _exception_hint(exc, res)
         return f"{exc}\nhint: {hint}" if hint else str(exc)
     else:
         text = res.get("text", "")
@@ -341,8 +374,7 @@ def _failure_dict(info: dict, test_id: str, res: dict) -> dict:
     if isinstance(exc, CheckFailure):
         out.update(exc.as_dict())
     elif isinstance(exc, StudentError):
-        out.update(kind=exc.kind, what=f"calling {exc.target}",
-                   hint=exception_hint(str(exc)) if exc.kind == "exception" else None)
+        out.update(kind=exc.kind, what=f"calling {exc.target}", hint=_exception_hint(exc, res))
         if exc.function:
             out["function"] = exc.function
     else:

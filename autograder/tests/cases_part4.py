@@ -76,10 +76,38 @@ def reference_grads(q, k, v, do, case: AttnCase) -> tuple[list[torch.Tensor], li
             remember.reference_grads(q, k, v, do, case.causal, case.scale, str(q.dtype).removeprefix("torch.")))
 
 
+def lost_settings(actual: Any, which: str, q, k, v, o64, lse64, do, case: AttnCase, bound: float) -> str | None:
+    """Where the Function's gradient `which` is what the backward gives from the forward's o and lse with
+    ANOTHER causal flag or scale (the settings did not reach it through ctx): the hint that names which.
+    The probes check flash_backward on its own, so they cannot see a setting the Function drops."""
+    idx = {"dq": 0, "dk": 1, "dv": 2}[which]
+    if not isinstance(actual, torch.Tensor) or not actual.is_floating_point():
+        return None
+    nq, nk = q.shape[-2], k.shape[-2]
+    tried = {f"causal={not case.causal}": (not case.causal, case.scale)}
+    if case.scale is not None:
+        tried["the default scale 1/√d instead of its scale argument"] = (case.causal, None)
+    right = dg.masked_backward(q, k, v, o64, lse64, do, dg._mask(nq, nk, case.causal), case.scale, d_mode="ok")[idx]
+    off = dg._dist(actual, right) if actual.shape == right.shape else math.inf
+    for label, (causal, scale) in tried.items():
+        got = dg.masked_backward(q, k, v, o64, lse64, do, dg._mask(nq, nk, causal), scale, d_mode="ok")[idx]
+        if got.shape != actual.shape or dg._dist(got, right) <= bound:
+            continue  # indistinguishable from the right gradient on these inputs
+        # masked keys under the forward's lse give large values: their rounding in q's dtype scales with them
+        allowed = dg.MATCH_TOL_FACTOR * bound + 64 * torch.finfo(actual.dtype).eps * float(got.abs().max())
+        found = dg._dist(actual, got)
+        if found <= allowed and found <= dg.MATCH_RATIO * off:
+            return (f"{which} is what flash_backward gives with {label}: the Function's backward did not get the "
+                    f"settings its forward used; keep causal, block_q, block_k and scale on ctx and pass them all "
+                    f"to flash_backward")
+    return None
+
+
 def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str, hidden: bool,
-                 student: Any = None, hint: str | None = None) -> None:
+                 student: Any = None, hint: str | None = None, function: bool = False) -> None:
     """dq, dk, dv against float64 autograd (3× rule). The hint: the backward probes and recognisers, and `hint`
-    first when the gradients come through the Function (whose flash_backward the probes check on its own)."""
+    first when the gradients come through the Function (whose flash_backward the probes check on its own);
+    with `function`, a gradient of a backward that got other settings is named first (lost_settings)."""
     dq, dk, dv = unpack(grads, 3, what=f"{fn} returns (dq, dk, dv)")
     expected, plain = reference_grads(q, k, v, do, case)
     inputs = case.shown(q, k, v, do=do)
@@ -93,7 +121,8 @@ def _check_grads(grads: Any, q, k, v, o64, lse64, do, case: AttnCase, *, fn: str
             actual, exp, what=f"{name} of {fn} against torch autograd of float64 attention", inputs=inputs,
             plain=pl, factor=tol.GRADIENT_FACTOR, others=others,
             diagnose=lambda bound, a=actual, n=name: dg._compose(
-                hint, dg.diagnose_backward(a, n, q, k, v, o64, lse64, do, tol=bound, **diag)))
+                function and lost_settings(a, n, q, k, v, o64, lse64, do, case, bound) or hint,
+                dg.diagnose_backward(a, n, q, k, v, o64, lse64, do, tol=bound, **diag)))
 
 
 def check_backward_values(student, case: AttnCase, *, hidden: bool = False) -> None:
@@ -284,7 +313,7 @@ def check_function_grads(student, case: AttnCase, *, hidden: bool = False) -> No
                       inputs=inputs, plain=plain_o, factor=tol.FORWARD_FACTOR, diagnose=lambda bound: HINT_FUNCTION,
                       others=_other_arguments(q, k, v, case))
     _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
-                 fn="flash_attention(...).backward(dO)", hidden=hidden, student=student)
+                 fn="flash_attention(...).backward(dO)", hidden=hidden, student=student, function=True)
     check_function_backward(rp, case, inputs)
 
 
@@ -301,7 +330,7 @@ def check_function_apply(student, case: AttnCase, *, hidden: bool = False) -> No
                       others=_other_arguments(q, k, v, case))
     _check_grads((out["dq"], out["dk"], out["dv"]), q, k, v, o64, lse64, do, case,
                  fn="FlashAttentionFunction.apply(..., scale).backward(dO)", hidden=hidden, student=student,
-                 hint=HINT_FUNCTION_ARGS)
+                 hint=HINT_FUNCTION_ARGS, function=True)
     check_function_backward(rp, case, inputs)
 
 

@@ -306,6 +306,24 @@ def no_rescale_forward(q, k, v, *, causal, block_k, scale, missing: str):
     return acc / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1), m + torch.log(l)
 
 
+def scale_variants(q, k, v, *, causal: bool, scale: float | None) -> dict[str, tuple[torch.Tensor, torch.Tensor, str]]:
+    """name -> (o, lse, hint) of attention with a wrong softmax scale (float64): forgotten or its argument
+    ignored, applied twice, or left out of lse. Any part that computes attention (forward, kernel, decode)
+    can make these mistakes."""
+    nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    sc = _scale(q, scale)
+    mask = _mask(nq, nk, causal)
+    other_scale = 1.0 if scale is None else 1.0 / math.sqrt(d)  # scale forgotten / scale argument ignored
+    o = masked_attention(q, k, v, mask, scale)[0]
+    return {
+        "wrong_scale": (*masked_attention(q, k, v, mask, other_scale)[:2], HINT_SCALE),
+        # with scale=None, (1/√d)² = 1/d: the scale applied twice and 1/d for 1/√d give the same output
+        "scale_twice": (*masked_attention(q, k, v, mask, sc * sc)[:2],
+                        HINT_SCALE_TWICE if scale is not None else HINT_SCALE_ONE_OVER_D),
+        "lse_unscaled": (o, masked_attention(q, k, v, mask, 1.0)[1], HINT_UNSCALED_LSE),
+    }
+
+
 @remembered  # a pure function of the case's inputs: the same for every submission a judge grades
 def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, tuple[torch.Tensor, torch.Tensor, str]]:
     """name -> (o, lse, hint) of each known buggy forward on these inputs (float64)."""
@@ -341,12 +359,7 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
         masks["causal_strict"] = (dict(strict=True), HINT_STRICT)
     for name, (flags, hint) in masks.items():
         out[name] = (*masked_attention(q, k, v, block_mask(nq, nk, **{**blocks, **flags}), scale)[:2], hint)
-    other_scale = 1.0 if scale is None else 1.0 / math.sqrt(d)  # scale forgotten / scale argument ignored
-    out["wrong_scale"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), other_scale)[:2], HINT_SCALE)
-    # with scale=None, (1/√d)² = 1/d: the scale applied twice and 1/d for 1/√d give the same output
-    out["scale_twice"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), sc * sc)[:2],
-                          HINT_SCALE_TWICE if scale is not None else HINT_SCALE_ONE_OVER_D)
-    out["lse_unscaled"] = (o, masked_attention(q, k, v, _mask(nq, nk, causal), 1.0)[1], HINT_UNSCALED_LSE)
+    out.update(scale_variants(q, k, v, causal=causal, scale=scale))
     if nk > 1 and d > 1:  # kᵀ made with reshape: the same numbers, read in another order
         kt = k.reshape(*k.shape[:-2], d, nk)
         out["k_reshaped"] = (*masked_attention(q, k, v, _mask(nq, nk, causal), scale, kt=kt)[:2], HINT_K_RESHAPED)
@@ -827,6 +840,11 @@ def diagnose_decode(actual: torch.Tensor, which: str, q, k, v, *, seg_lengths: l
                 keep = torch.cat([k[..., :a, :], k[..., b:, :]], -2), torch.cat([v[..., :a, :], v[..., b:, :]], -2)
                 dropped[f"without_{i}"] = (attention_reference(q, *keep, False, scale)[idx], HINT_SEGMENT_DROPPED)
         rec = _best_variant(actual, expected, dropped, tol)
+    if rec is None and q.dim() >= 2:  # the scale: forgotten, applied twice (to q and again in the partials)
+        scaled = {name: (vo if which == "o" else vl, hint)
+                  for name, (vo, vl, hint) in scale_variants(q.double(), k.double(), v.double(), causal=False,
+                                                             scale=scale).items()}
+        rec = _best_variant(actual, expected, scaled, tol)
     if student is None:
         return rec or HINT_DECODE
     return _compose(*parts, rec) or HINT_DECODE

@@ -16,7 +16,8 @@ from autograder.tests.cases_part2 import one_torch_thread  # noqa: F401  (autous
 
 pytestmark = pytest.mark.part6
 
-SPLITS = [DecodeCase((2, 3), 1, 13, 8, n) for n in (1, 2, 3, 7, 20)]  # 20 > 13 keys: empty segments
+SPLITS = [DecodeCase((2, 3), 1, 13, 8, n) for n in (1, 2, 3, 7, 20)] + [  # 20 > 13 keys: empty segments
+    DecodeCase((), 1, 13, 8, 3)]  # no leading dims: the keys are dim -2, never a fixed dim
 PARTIAL = [DecodeCase((2, 3), 1, 203, 16), DecodeCase((2, 3), 1, 203, 16, seed=7, dv=8)]  # dv != d: the scale is q's
 COMBINE = [
     (DecodeCase((2, 3), 1, 203, 16, seed=1), [50, 0, 100, 53]),  # one empty segment among them
@@ -27,6 +28,7 @@ DECODE = [DecodeCase((2, 3), 1, 203, 16, n, seed=3) for n in (1, 2, 3, 7)] + [
     DecodeCase((2, 3), 1, 5, 16, 8, seed=4),  # more splits than keys
     DecodeCase((2, 3), 1, 203, 16, 4, q_mult=1.0, seed=5),  # unit scale
     DecodeCase((2, 3), 1, 203, 16, 3, seed=8, dv=24),  # v's head dim differs from q's and k's
+    DecodeCase((), 1, 64, 16, 3, seed=9),  # no leading dims
 ]
 TRACE = [DecodeCase((2, 3), 1, 203, 16, 7, seed=6)]
 
