@@ -632,7 +632,38 @@ def check_generate(student, seed: int, n: int = 60, max_new_tokens: int = 8, use
         detail = (f"{n - len(bad)}/{n} identical; prompt {i}: {likesworld.decode(prompts[i])!r} -> expected "
                   f"{likesworld.decode(rows_want[i][len(prompts[i]):])!r}, got {_words(rows_got[i][len(prompts[i]):])!r}")
         check(False, what=what, detail=detail,
-              hint=HINT_GENERATE + ("; the cached logits tests say where the cache goes wrong" if use_cache else ""))
+              hint=join_hints(first_wrong_token(prompts[i], rows_got[i], dtype, use_cache), HINT_GENERATE))
+
+
+def first_wrong_token(prompt: list[int], row: list[int], dtype: str, use_cache: bool) -> str | None:
+    """Where a wrong continuation leaves greedy decoding, judged on its OWN prefix: the first new token that
+    is not the argmax of the model's logits at the LAST position of the tokens before it (the uncached
+    course model), and which choice it was instead: another position's argmax (logits[:, 0] for [:, -1]),
+    the second-best token (a sort or topk slip), or neither. Then whether the prefill's token (step 0)
+    or a later step's went wrong: the prefill and the decode steps take different paths through a cache."""
+    t0 = len(prompt)
+    m = model(dtype)
+    with one_thread(), torch.no_grad():
+        for t in range(t0, len(row)):
+            logits = m(torch.tensor([row[:t]], dtype=torch.long))[0]  # (t, V)
+            want = int(logits[-1].argmax())
+            if row[t] == want:
+                continue
+            step = t - t0
+            when = ("the first new token (from the prefill's logits)" if step == 0 else
+                    f"new token {step} (after {step} decode step{'s' if step > 1 else ''} that were right)")
+            at = [pos for pos in range(t - 1) if int(logits[pos].argmax()) == row[t]]
+            if at:
+                how = (f"it is the argmax of position {at[0]}'s logits, not the last position's: the next token "
+                       f"comes from logits[:, -1] (the last position of what was just fed in)")
+            elif row[t] == int(logits[-1].topk(2).indices[1]):
+                how = "it is the second-best token of the last position: greedy takes the argmax"
+            else:
+                how = "it is not the model's choice at any position of its own prefix: the logits it came from are wrong"
+                if use_cache and step > 0:
+                    how += " (a decode step: the cache, or the positions of the new token)"
+            return f"{when} is not greedy on the tokens before it: {how}"
+    return None
 
 
 def _words(ids: Any) -> str:
