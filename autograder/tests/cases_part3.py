@@ -511,7 +511,7 @@ def kernel_probe_hint(student) -> str:
         _, j = run(student, case)  # the judge's replay on its own inputs j.q, j.k, j.v
         return {"o": j.o, "lse": j.lse, "qkv": (j.q, j.k, j.v)}
     finding = pb.kernel_ladder(run_case, hidden=getattr(student, "hidden", True) is not False)
-    rec = dg.forward_probe_hint(finding)
+    rec = dg.forward_probe_hint(finding, tiles=True)
     if rec is not None and not dg._fitted(rec):  # a known bug, proved on the probe's inputs: not the rung's guess
         return finding.message(proven=rec)
     return dg._compose(finding.message(), rec)

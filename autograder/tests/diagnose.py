@@ -407,6 +407,7 @@ def skipped_blocks_forward(actual: torch.Tensor, which: str, q, k, v, *, causal:
     got = actual.double()
     variant = torch.empty_like(got)
     dropped: list = []
+    kept_any = False
     for i0, i1 in _blocks(nq, block_q):
         rows = (..., slice(i0, i1), slice(None)) if which == "o" else (..., slice(i0, i1))
         seen = [b for b, (j0, j1) in enumerate(kv_blocks) if allowed[i0:i1, j0:j1].any()]
@@ -433,7 +434,10 @@ def skipped_blocks_forward(actual: torch.Tensor, which: str, q, k, v, *, causal:
                 best = (err, kept, out)
         variant[rows] = best[2]
         dropped += [((i0, i1), kv_blocks[b]) for b in seen if b not in best[1]]
-    return (variant, dropped) if dropped else None
+        kept_any = kept_any or bool(best[1])
+    # Every pair left out is o = 0 (lse = -inf) everywhere: what many bugs give (ℓ zeroed, acc never
+    # added, o never written), so it names no pairs
+    return (variant, dropped) if dropped and kept_any else None
 
 
 def recognise_forward(actual: Any, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
@@ -496,8 +500,40 @@ def _rows_place(actual, correct, *, tol, which, n_rows, block, masked, noun="row
     return place
 
 
-def forward_probe_hint(finding: "pb.Finding") -> str | None:
-    """The recogniser's verdict on the failed probe's own (small, float64) inputs."""
+HINT_TILE_OFFSET = ("a tile's global offset is its first row times the row length: K/V block j starts at element "
+                    "(head·N_k + j·B_c)·d of K and V (and Q block i at (head·N_q + i·B_r)·d of Q)")
+
+
+def tile_offset_hint(actual: torch.Tensor, which: str, q, k, v, *, causal: bool, block_k: int,
+                     scale: float | None, tol: float) -> str | None:
+    """Where `actual` is attention whose K/V block j was read from element j·X of its head's keys and values
+    (flattened, row after row) for some X other than B_c·d: a kernel's address arithmetic (the row
+    length d left out of a tile's offset, or a wrong block stride). Tried on small probe inputs only
+    (every X that keeps the tiles in bounds)."""
+    nq, nk, d = q.shape[-2], k.shape[-2], k.shape[-1]
+    blocks = _blocks(nk, block_k)
+    if len(blocks) < 2 or not isinstance(actual, torch.Tensor):
+        return None
+    correct = masked_attention(q, k, v, _mask(nq, nk, causal), scale)[0 if which == "o" else 1]
+    if actual.shape != correct.shape:
+        return None
+    flat_k, flat_v = k.double().flatten(-2), v.double().flatten(-2)  # (..., Nk·d) per head
+    variants = {}
+    for x in range(1, nk * d + 1):
+        if x == block_k * d or (len(blocks) - 1) * x + (blocks[-1][1] - blocks[-1][0]) * d > nk * d:
+            continue
+        rows = torch.cat([torch.arange(j * x, j * x + (j1 - j0) * d) for j, (j0, j1) in enumerate(blocks)])
+        kk = flat_k[..., rows].reshape(*k.shape[:-2], nk, d)
+        vv = flat_v[..., rows].reshape(*v.shape[:-2], nk, v.shape[-1]) if v.shape[-1] == d else v
+        o, lse, _ = masked_attention(q, kk, vv, _mask(nq, nk, causal), scale)
+        variants[x] = (o if which == "o" else lse, f"K/V block j is read from element j·{x} of its head's K and V, "
+                                                   f"not j·B_c·d = j·{block_k * d}: {HINT_TILE_OFFSET}")
+    return _best_variant(actual, correct, variants, tol)
+
+
+def forward_probe_hint(finding: "pb.Finding", tiles: bool = False) -> str | None:
+    """The recogniser's verdict on the failed probe's own (small, float64) inputs; with `tiles` (a kernel's
+    probes), also tile_offset_hint."""
     if finding.failed is None or finding.outputs is None:
         return None
     q, k, v, s = finding.inputs
@@ -505,6 +541,9 @@ def forward_probe_hint(finding: "pb.Finding") -> str | None:
         actual = finding.outputs[0 if name == "o" else 1]
         hint = recognise_forward(actual, name, q, k, v, causal=s.get("causal", False), block_q=s["bq"],
                                  block_k=s["bk"], scale=s.get("scale"), tol=_probe_tol(q.dtype))
+        if hint is None and tiles:
+            hint = tile_offset_hint(actual, name, q, k, v, causal=s.get("causal", False), block_k=s["bk"],
+                                    scale=s.get("scale"), tol=_probe_tol(q.dtype))
         if hint:
             return hint
     return None
@@ -676,6 +715,8 @@ def skipped_pairs_variant(actual: torch.Tensor, correct: torch.Tensor, which: st
             if abs(xi - 1.0) < 0.25:
                 variant[..., r0:r1, :] -= share
                 dropped.append((key[1], key[2]))
+    if len(dropped) == sum(len(items) for items in groups.values()):
+        return None  # every pair left out: a zero gradient, which names no pairs
     return (variant, dropped) if dropped else None
 
 
