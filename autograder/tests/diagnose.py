@@ -435,9 +435,9 @@ def skipped_blocks_forward(actual: torch.Tensor, which: str, q, k, v, *, causal:
         variant[rows] = best[2]
         dropped += [((i0, i1), kv_blocks[b]) for b in seen if b not in best[1]]
         kept_any = kept_any or bool(best[1])
-    # Every pair left out is o = 0 (lse = -inf) everywhere: what many bugs give (ℓ zeroed, acc never
-    # added, o never written), so it names no pairs
-    return (variant, dropped) if dropped and kept_any else None
+    # The only pair left out (one tile) is o = 0 (lse = -inf) everywhere: what many bugs give there (ℓ
+    # zeroed, acc never added, o never written), so it names no pair
+    return (variant, dropped) if dropped and (kept_any or len(dropped) > 1) else None
 
 
 def recognise_forward(actual: Any, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
@@ -715,8 +715,8 @@ def skipped_pairs_variant(actual: torch.Tensor, correct: torch.Tensor, which: st
             if abs(xi - 1.0) < 0.25:
                 variant[..., r0:r1, :] -= share
                 dropped.append((key[1], key[2]))
-    if len(dropped) == sum(len(items) for items in groups.values()):
-        return None  # every pair left out: a zero gradient, which names no pairs
+    if len(dropped) == 1 == sum(len(items) for items in groups.values()):
+        return None  # the only pair left out (one tile): a zero gradient, which names no pair
     return (variant, dropped) if dropped else None
 
 
