@@ -719,6 +719,9 @@ class UnitCase:
 def check_cache_unit(student, case: UnitCase) -> None:
     """update() returns the concatenation so far (exactly: it is a copy of data), length follows
     layer 0, and the returned tensors live in one preallocated buffer per layer."""
+    # one update per layer that fills max_len is a fresh tensor of exactly the buffer's size: the views
+    # check could not fail, and the case would grade values alone
+    assert len(case.steps) >= 2, "test bug: a case of check_cache_unit appends at least twice per layer"
     updates = case.updates()
     try:
         record = student.scenario("part5.cache_updates", **case.dims(), updates=updates, dtype=case.dtype)
@@ -786,8 +789,14 @@ def check_cache_unit(student, case: UnitCase) -> None:
 
 
 def bad_updates(case: UnitCase, prefill: int) -> dict[str, tuple[int, torch.Tensor, torch.Tensor]]:
+    """Each bad update, its values drawn as the valid updates' are (a bad update must differ from a valid one
+    in the property checked alone: all-zero bad updates were told apart by their values)."""
     B, H, d = case.batch, case.n_heads, case.head_dim
-    z = torch.zeros
+    g = torch.Generator().manual_seed(case.seed + 55)
+
+    def z(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
     return {
         "overflow": (0, z(B, H, case.max_len - prefill + 1, d), z(B, H, case.max_len - prefill + 1, d)),
         "overflow_layer1": (1, z(B, H, case.max_len - prefill + 1, d), z(B, H, case.max_len - prefill + 1, d)),

@@ -13,7 +13,7 @@ CACHE = [
 ]
 UNITS = [
     C.UnitCase(n_layers=3, batch=1, n_heads=2, max_len=10, head_dim=8, steps=(1, 1, 4, 2), seed=1),
-    C.UnitCase(n_layers=2, batch=3, n_heads=4, max_len=6, head_dim=2, steps=(6,), dtype="float64", seed=2),
+    C.UnitCase(n_layers=2, batch=3, n_heads=4, max_len=6, head_dim=2, steps=(4, 2), dtype="float64", seed=2),
 ]
 
 HIDDEN = {
