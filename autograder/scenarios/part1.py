@@ -5,7 +5,7 @@ LazyCounter that holds no values: a read of an element whose block (BLOCK consec
 aligned) is not at hand ends the current scenario call with {"need": block index}; the judge answers
 with the values of that block in the next call (counted_feed) and counts every element it delivers.
 So the judge's count is the number of input elements the code had to fetch: a correct k-pass
-algorithm fetches exactly k·n (each pass reads every element once, block by block), and nothing the
+algorithm fetches exactly k·n (each pass reads every element once, in any order), and nothing the
 code does in this process can make the judge count fewer or more than it fetched.
 
 The rebase count is a RETURN value (checked against the judge's own count of the values), so the
@@ -28,12 +28,14 @@ class LazyCounter(ReadCounter):
     """A ReadCounter of n values that fetches each aligned block of BLOCK values from the judge.
 
     A block delivered once serves each of its elements once; reading an element again (a new
-    pass) fetches its block again."""
+    pass) fetches its block again. Every block delivered stays at hand until then, so a pass may
+    read in any order (two halves side by side, say): only a read of an element already read costs
+    a delivery."""
 
     def __init__(self, n: int, ask: "queue.Queue[Any]", answers: "queue.Queue[Any]") -> None:
         super().__init__([])
         self._n, self._ask, self._answers = n, ask, answers
-        self._block, self._values_at, self._unread = -1, [], set()
+        self._at_hand: dict[int, tuple[list, set]] = {}  # block -> (its values, its elements not read yet)
 
     def __len__(self) -> int:
         return self._n
@@ -46,15 +48,16 @@ class LazyCounter(ReadCounter):
         if not 0 <= i < self._n:
             raise IndexError("ReadCounter index out of range")
         b = i // BLOCK
-        if b != self._block or i not in self._unread:
+        held = self._at_hand.get(b)
+        if held is None or i not in held[1]:
             self._ask.put(("need", b))
-            self._values_at = self._answers.get()
-            if self._values_at is _ABANDONED:
+            values = self._answers.get()
+            if values is _ABANDONED:
                 raise _Abandoned()
-            self._block, self._unread = b, set(range(b * BLOCK, b * BLOCK + len(self._values_at)))
-        self._unread.discard(i)
+            held = self._at_hand[b] = (values, set(range(b * BLOCK, b * BLOCK + len(values))))
+        held[1].discard(i)
         self.reads += 1
-        return self._values_at[i - b * BLOCK]
+        return held[0][i - b * BLOCK]
 
     def __iter__(self):
         for i in range(self._n):

@@ -647,7 +647,7 @@ def check_passes(student, which: str, n: int, seed: int, shift: float = 0.0) -> 
     probs = _float_list(result, n, f"{fn}(x) returns a list of probabilities", HINTS["passes"][which])
     check(reads == want * n, what=f"{fn} reads every element exactly {want} times (counted by the judge)",
           detail=f"the judge delivered {reads} element reads for {n} elements = {reads / max(n, 1):.3g} passes, "
-                 f"expected {want} (a pass reads the elements in order, block by block)",
+                 f"expected {want} (a pass reads every element once; reading one again starts another pass)",
           hint=HINTS["passes"][which], inputs={"x": (n,)})
     kept = torch.tensor(passes[0], dtype=torch.float64)
     if probs.shape == kept.shape and bool(torch.isfinite(probs).all()) and \
