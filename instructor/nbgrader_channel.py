@@ -248,6 +248,28 @@ def _points_key(resources: dict, grade_id: str) -> tuple[str, str, str, str]:
     return (str(nb.get("assignment")), str(nb.get("student")), str(nb.get("notebook")), str(grade_id))
 
 
+def accept_bom() -> None:
+    """Let nbgrader read a notebook saved with a UTF-8 byte-order mark (Windows editors write one), as
+    the batch intake reads such .py files: nbformat refuses it as "not JSON", autograde skips the
+    student, and `nbgrader export` then lists them with 0 points, the same as a graded 0. Patched from
+    nbgrader_config.py (nbgrader reads every notebook through nbformat.reads before any preprocessor)."""
+    import nbformat
+
+    if getattr(nbformat.reads, "accepts_bom", False):
+        return
+    original = nbformat.reads
+
+    def reads(s: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(s, str):
+            s = s.removeprefix("\ufeff")
+        elif isinstance(s, (bytes, bytearray)):
+            s = bytes(s).removeprefix(b"\xef\xbb\xbf")
+        return original(s, *args, **kwargs)
+
+    reads.accepts_bom = True  # type: ignore[attr-defined]
+    nbformat.reads = reads
+
+
 def guard_save_autogrades() -> None:
     """Make nbgrader's SaveAutoGrades store the engine's points only: a cell EngineGrade did not
     grade in this process scores 0, whatever its outputs say. Why here, patched from

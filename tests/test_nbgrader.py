@@ -77,11 +77,15 @@ def cycle(tmp_path_factory):
                         c.source += extra
             return nb
 
-        submissions = {"complete": completed(), "starter": released, "buggy": completed(MERGE_BUG)}
+        submissions = {"complete": completed(), "starter": released, "buggy": completed(MERGE_BUG),
+                       "bom": completed()}  # saved by a Windows editor: a BOM and CRLF line ends
         for student, nb in submissions.items():  # what `nbgrader collect` leaves in submitted/
             d = course / "submitted" / student / ASSIGNMENT
             d.mkdir(parents=True)
             nbformat.write(nb, d / f"{ASSIGNMENT}.ipynb")
+            if student == "bom":
+                path = d / f"{ASSIGNMENT}.ipynb"
+                path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
             (d / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
         for student in submissions:
             result = api.autograde(ASSIGNMENT, student, force=True)
@@ -123,6 +127,7 @@ def test_the_same_code_gets_the_same_points_through_both_channels(cycle, tmp_pat
 def test_export_and_feedback_show_the_engines_result(cycle):
     rows = {r["student_id"]: r for r in csv.DictReader((cycle["course"] / "grades.csv").open())}
     assert float(rows["complete"]["score"]) == 15.0 and float(rows["starter"]["score"]) == 0.0
+    assert float(rows["bom"]["score"]) == 15.0  # graded like the same notebook without the BOM
     assert float(rows["buggy"]["score"]) == pytest.approx(cycle["scores"]["buggy"][part_grade_id(1)])
     html = (cycle["course"] / "feedback" / "starter" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
     assert "graded by the course&#39;s engine" in html or "graded by the course's engine" in html

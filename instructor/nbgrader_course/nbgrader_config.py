@@ -28,7 +28,7 @@ try:
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
 
-    from instructor.nbgrader_channel import NO_KERNEL, EngineGrade, guard_save_autogrades
+    from instructor.nbgrader_channel import NO_KERNEL, EngineGrade, accept_bom, guard_save_autogrades
 except Exception as _e:  # noqa: BLE001 -- any import failure: refuse, never grade without the engine
     print(f"error: nbgrader_config.py cannot import the course's grading engine ({type(_e).__name__}: {_e}); "
           "run nbgrader with the course repository on PYTHONPATH, e.g. PYTHONPATH=/path/to/repo nbgrader ...",
@@ -60,5 +60,6 @@ c.NotebookClient.kernel_name = NO_KERNEL
 c.ExecutePreprocessor.kernel_name = NO_KERNEL
 c.Execute.kernel_name = NO_KERNEL
 guard_save_autogrades()
+accept_bom()  # a notebook saved with a BOM is graded, not skipped (and exported as 0)
 # c.EngineGrade.sandbox = "bubblewrap"      # auto (default), bubblewrap or uid: refused where not available
 # c.EngineGrade.allow_weak_sandbox = True   # accept resource limits only where bubblewrap cannot run
