@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import os
 import platform
 import time
 import traceback
@@ -113,7 +114,7 @@ _REUSE = PartResults()  # this process's earlier part results (a batch judge's: 
 
 
 def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable | None = None,
-               store: PartResults | None = None) -> dict:
+               store: PartResults | None = None, not_taken: dict[str, str] | None = None) -> dict:
     """The engine (options.grader) on a folder of graded files, workers in options.sandbox as
     uid UID_BASE + slot (or the next free one: sandbox.claim_uid). Returns the engine's full report (hidden
     tests already redacted). store: the part results to take from and add to (default: this process's
@@ -124,6 +125,8 @@ def run_engine(impl_dir: Path, options: Options, slot: int = 0, grade: Callable 
     store = store if store is not None else (_REUSE if options.reuse else None)
     if store is not None and "reuse" in inspect.signature(grade).parameters:
         extra["reuse"] = store
+    if not_taken and "not_taken" in inspect.signature(grade).parameters:
+        extra["not_taken"] = not_taken
     try:
         report = grade(impl_dir, parts=options.parts, test_sets=options.test_sets, worker_prefix=prefix,
                        limits=options.limits or None, **extra)
@@ -179,24 +182,32 @@ def grade_one(entry: Path | None, work: Path, options: Options, *, name: str | N
     submission controls; an engine failure becomes status "failed to grade" with its reason."""
     t0 = time.perf_counter()
     work = Path(work)
-    sub = take(work / "files") if take else intake.take(Path(entry), work / "files",
-                                                        wanted=intake.files_for_parts(options.parts))
+    sub = take(work / "files") if take else intake.take_for_parts(Path(entry), work / "files", options.parts)
     if name:
         sub.name = name
     report = failure = None
     if not sub.error and sub.files:
         try:
-            report = run_engine(sub.dir, options, slot, grade)
+            report = run_engine(sub.dir, options, slot, grade, not_taken=not_taken(sub))
         except Exception as e:  # noqa: BLE001 -- a grading failure is a result, not a crash
             failure = {"reason": sanitize.line(f"{type(e).__name__}: {e}", 300), "traceback": traceback.format_exc()}
     return result(sub, report, failure, options, env, time.perf_counter() - t0)
+
+
+def not_taken(sub: intake.Submission) -> dict[str, str]:
+    """{graded file name: why the intake rejected it} for graded files the intake did not take (the
+    engine says so in each part that needs the file, rather than "missing")."""
+    taken = {os.path.basename(f) for f in sub.files}
+    graded = set(intake.all_graded_files())
+    return {name: why for path, why in sub.rejected
+            if (name := os.path.basename(path.replace("\\", "/"))) in graded and name not in taken}
 
 
 def failed(entry: Path, work: Path, options: Options, name: str, reason: str, detail: str = "",
            env: dict | None = None, elapsed: float | None = None) -> Graded:
     """The result for a submission whose judge died or hung: intake again (for the notes), no engine."""
     try:
-        sub = intake.take(Path(entry), Path(work) / "files-again", wanted=intake.files_for_parts(options.parts))
+        sub = intake.take_for_parts(Path(entry), Path(work) / "files-again", options.parts)
     except Exception as e:  # noqa: BLE001
         sub = intake.Submission(name=name, source=str(entry), error=f"intake failed ({type(e).__name__})")
     sub.name = name

@@ -121,6 +121,25 @@ def test_a_missing_graded_file_names_the_misnamed_file_it_resembles(tmp_path):
     assert "flash_decoding.py: missing (that part scores 0)\n" in notes + "\n" and "notes.md'?" not in notes
 
 
+def test_a_part_graded_alone_gets_the_graded_files_it_imports(tmp_path):
+    """flash_backward.py imports flash_forward.py: with --parts 4 the intake takes both (the engine runs
+    the import), so the reference scores full marks there, and a flash_forward.py rejected for a syntax
+    error is named as the reason, in part 4's feedback too (not "missing", nor "No module named")."""
+    from instructor.grading import grade_one
+
+    taken = intake.take_for_parts(ROOT / "solutions", tmp_path / "dest", [4])
+    assert sorted(taken.files) == ["flash_backward.py", "flash_forward.py"] and taken.wanted == sorted(taken.files)
+    bad = tmp_path / "bad"
+    shutil.copytree(ROOT / "solutions", bad)
+    (bad / "flash_forward.py").write_text((bad / "flash_forward.py").read_text() + "\ndef broken(:\n")
+    options = Options(parts=[4], test_sets=("public",), sandbox=None, reuse=False)
+    good = grade_one(ROOT / "solutions", tmp_path / "w1", options)
+    assert good.view["total"] == 20, good.view["parts"]
+    graded = grade_one(bad, tmp_path / "w2", options)
+    first = graded.view["parts"][0]["first_failure"]["message"]
+    assert "it imports flash_forward.py, and flash_forward.py was not accepted: not valid Python" in first, first
+
+
 def test_intake_rejects_bad_files_with_reasons(tmp_path):
     sub = _submission(tmp_path / "bob", {})
     (sub / "online_softmax.py").write_bytes(b"x = '\xff\xfe'\n")  # not UTF-8

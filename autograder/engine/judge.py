@@ -255,7 +255,7 @@ class Engine:
             state.lose(lost.kind)
             raise StudentError(str(lost), kind=lost.kind, target=label, function=name) from None
         if not reply.get("ok"):
-            error = _student_error(reply.get("error"), target, name)
+            error = self._named_absent(_student_error(reply.get("error"), target, name))
             if error.kind == "memory" or (type(reply.get("error")) is dict and reply["error"].get("memory") is True):
                 # A call that hit the memory limit is a loss like a timeout: a bomb in every call
                 # would otherwise cost every call its allocation time. The worker is replaced too.
@@ -279,6 +279,18 @@ class Engine:
                                "the result the function documents (no extra tensors), and keep no results "
                                "from one call for the next", kind="reply", target=label, function=name)
         return value
+
+    def _named_absent(self, error: StudentError) -> StudentError:
+        """An import that failed on a graded file the submission lacks (missing, or not accepted: a
+        syntax error, say) says which and why, instead of Python's "No module named 'x'"."""
+        import re
+
+        m = re.search(r"No module named '(?:[\w.]*\.)?(\w+)'", str(error)) if error.kind == "import" else None
+        problem = self.sub.problems.get(f"{m[1]}.py") if m else None
+        if problem is None:
+            return error
+        return StudentError(f"{str(error).split(':', 1)[0]}: it imports {m[1]}.py, and {problem}", kind="import",
+                            target=error.target, function=error.function, where=error.where, exc_type=error.exc_type)
 
     def close(self) -> None:
         self.pool.close()

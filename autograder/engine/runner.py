@@ -586,7 +586,8 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
           test_sets: Sequence[str] = ("public",), worker_prefix: WorkerPrefix = None,
           rubric: str | os.PathLike | None = None, tests_dir: str | os.PathLike | None = None,
           hidden_dir: str | os.PathLike | None = None, redact_sets: Iterable[str] = ("hidden",), limits: dict | None = None,
-          fail_fast: bool = False, jobs: int = 1, reuse: PartResults | None = None) -> dict:
+          fail_fast: bool = False, jobs: int = 1, reuse: PartResults | None = None,
+          not_taken: dict[str, str] | None = None) -> dict:
     """Grade the implementation folder `impl_dir` and return the report dict (JSON-serialisable).
 
     parts: part numbers (default: all in the rubric). test_sets: "public" and/or "hidden".
@@ -598,6 +599,8 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
     points are then a lower bound).
     jobs: grade the parts in up to `jobs` judge processes at once (parts are independent: each
     has its own tests and reaches only its own files) and merge the reports. 1 = this process.
+    not_taken: {graded file name: why a channel's intake did not take it} (a syntax error, an encoding):
+    what a part that needs the file says instead of "missing".
     reuse: a store of earlier results (engine/reuse.py): a part whose reached files and settings
     match an earlier grade's is not run again; its result is taken from the store (a batch judge
     keeps one for its whole batch). report["timing"]["reused_parts"] lists them. The store also
@@ -608,7 +611,8 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
     numbers_all = sorted(set(parts)) if parts else load_rubric(rubric).numbers
     if jobs > 1 and len(numbers_all) > 1:
         kwargs = dict(test_sets=tuple(test_sets), worker_prefix=worker_prefix, rubric=rubric, tests_dir=tests_dir,
-                      hidden_dir=hidden_dir, redact_sets=tuple(redact_sets), limits=limits, fail_fast=fail_fast)
+                      hidden_dir=hidden_dir, redact_sets=tuple(redact_sets), limits=limits, fail_fast=fail_fast,
+                      not_taken=not_taken)
         return _grade_in_processes(impl_dir, numbers_all, min(jobs, len(numbers_all)), kwargs, started)
     rubric_obj = load_rubric(rubric)
     tests_path = Path(tests_dir or DEFAULT_TESTS_DIR).resolve()
@@ -627,7 +631,7 @@ def grade(impl_dir: str | os.PathLike, *, parts: Sequence[int] | None = None,
         errors.append(f"the hidden tests are not in this copy ({hidden_path} is missing)")
 
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        sub = prepare_submission(impl, rubric_obj.all_files(), Path(tmp))
+        sub = prepare_submission(impl, rubric_obj.all_files(), Path(tmp), not_taken)
         reused: dict[int, dict] = {}
         keys: dict[int, str] = {}
         passed_tests = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from . import sanitize
 from .worker import PACKAGE
 from .processes import write_lib
 
@@ -51,8 +52,10 @@ class SubmissionCopy:
         return code
 
 
-def prepare_submission(impl_dir: Path, graded_files: Sequence[str], workdir: Path) -> SubmissionCopy:
-    """Copy ONLY the graded files of impl_dir into a fresh private package.
+def prepare_submission(impl_dir: Path, graded_files: Sequence[str], workdir: Path,
+                       not_taken: dict[str, str] | None = None) -> SubmissionCopy:
+    """Copy ONLY the graded files of impl_dir into a fresh private package. not_taken: why a channel's
+    intake left a graded file out (its reason replaces "missing").
 
     Anything else the submission brings (conftest.py, pytest.ini, sitecustomize.py, numpy.py, an
     __init__.py with code in it) is never copied, so nothing else of it can run anywhere. The
@@ -76,7 +79,9 @@ def prepare_submission(impl_dir: Path, graded_files: Sequence[str], workdir: Pat
         if src.is_symlink():
             problems[name] = f"{name} is a symbolic link; submit the file itself"
         elif not src.is_file():
-            problems[name] = f"{name} is missing from the submission"
+            why = (not_taken or {}).get(name)
+            problems[name] = (f"{name} was not accepted: {sanitize.line(why, 200)}" if why
+                              else f"{name} is missing from the submission")
         elif src.stat().st_size > MAX_SOURCE_BYTES:
             problems[name] = f"{name} is larger than {MAX_SOURCE_BYTES >> 20} MiB"
         else:
