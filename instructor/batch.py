@@ -28,6 +28,7 @@ folders) up front, then that the reference (solutions/) scores full marks with t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import hashlib
 import io
@@ -428,7 +429,8 @@ def reference_run(options: Options, slot: int = 0,
     when grading fails.
     Never a reused result: it measures the calls' times, and checks the set-up afresh (an empty store)."""
     store = PartResults() if options.reuse else None
-    report = run_engine(ROOT / "solutions", replace(options, reuse=False), slot, grade, store=store)
+    with _reference_taken(options) as folder:
+        report = run_engine(folder, replace(options, reuse=False), slot, grade, store=store)
     longest = report.get("timing", {}).get("longest_call_s")
     if not isinstance(longest, dict):
         raise RuntimeError("the grader's report gives no call times")
@@ -436,6 +438,19 @@ def reference_run(options: Options, slot: int = 0,
     part_s = {str(p): float(t) for p, t in part_s.items()} if isinstance(part_s, dict) else {}
     return ({str(t): float(v) for t, v in longest.items()}, _score(report), store.entries() if store else [],
             part_s)
+
+
+@contextlib.contextmanager
+def _reference_taken(options: Options):
+    """solutions/ as a student's upload of it reaches the engine: through the intake, for options' parts
+    (intake.take_for_parts). The reference check then covers the intake too: an intake that left out a
+    file some part needs (flash_forward.py, which part 4 imports) failed every student, the reference
+    check none."""
+    with tempfile.TemporaryDirectory(prefix="reference-") as tmp:
+        taken = intake.take_for_parts(ROOT / "solutions", Path(tmp) / "files", options.parts)
+        if taken.error or taken.dir is None:
+            raise RuntimeError(f"the intake refused solutions/: {taken.error or 'no graded file taken'}")
+        yield taken.dir
 
 
 def reference_call_times(options: Options, slot: int = 0, grade: Callable | None = None) -> dict[str, float]:
@@ -447,7 +462,8 @@ def reference_score(options: Options) -> dict:
     """The reference's score with `options`, graded in this process: for a batch that does not
     calibrate (fixed limits, another grader), so that its set-up is checked all the same."""
     try:
-        return _score(run_engine(ROOT / "solutions", replace(options, reuse=False)))
+        with _reference_taken(options) as folder:
+            return _score(run_engine(folder, replace(options, reuse=False)))
     except Exception as e:  # noqa: BLE001 -- check_reference refuses, naming it
         return {"error": sanitize.line(f"{type(e).__name__}: {e}", 300)}
 
