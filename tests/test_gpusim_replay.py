@@ -41,7 +41,7 @@ def _strip(stats: dict) -> dict:
     s = copy.deepcopy(stats)
     for c in s.get("lines", {}).values():
         c.pop("source", None)  # the judge never reads the submission's source files
-    for r in s.get("race_reports", []):
+    for r in (*s.get("race_reports", []), *s.get("unwritten_reads", [])):
         r.pop("source", None)
     for x in (s, *s.get("per_launch", [])):  # only a replay sees register values (trace.LiveState)
         x.pop("live_words_per_thread", None)

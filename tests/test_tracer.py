@@ -739,3 +739,25 @@ def test_inf_where_a_finite_value_is_expected_is_said_to_be_an_overflow():
     with pytest.raises(CheckFailure) as e:
         check_close(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 165.0]).double(), what="lse")
     assert e.value.observed is None
+
+
+def test_minus_inf_where_a_finite_value_is_expected_is_an_emptied_row_not_an_overflow():
+    """A kernel whose running max was the tile's own (round 7) ended rows that see keys with lse = -inf: the
+    overflow hint sent the student after exp; -inf is the statistics of an empty row."""
+    from autograder.engine.checks import HINT_EMPTIED, CheckFailure, check_close
+
+    with pytest.raises(CheckFailure) as e:
+        check_close(torch.tensor([1.0, -float("inf")]), torch.tensor([1.0, 3.0]).double(), what="lse")
+    assert e.value.observed == HINT_EMPTIED
+
+
+def test_a_float64_result_that_went_through_float32_is_named():
+    from autograder.engine.checks import HINT_FLOAT32, CheckFailure, check_close
+
+    want = torch.linspace(0.1, 2.3, 7, dtype=torch.float64)
+    with pytest.raises(CheckFailure) as e:
+        check_close(want.float().double(), want, what="m", atol=0.0)
+    assert e.value.observed == HINT_FLOAT32
+    with pytest.raises(CheckFailure) as e:  # off by more than float32's rounding: another bug
+        check_close(want * 1.01, want, what="m", atol=0.0)
+    assert e.value.observed is None

@@ -168,6 +168,10 @@ HINT_UNWRITTEN = ("elements that were never written: they hold the memory torch.
 HINT_OVERFLOW = ("inf where a finite value is expected: an exp that overflowed (float32 holds exp(x) only up to "
                  "x = 88.7: subtract the max before exp, §4.2) or a division by 0")
 
+HINT_EMPTIED = ("-inf where a finite value is expected: a row that sees keys ended with the statistics of an empty "
+                "one (m = -inf or ℓ = 0): a max or a sum over one tile alone (a fully masked tile has -inf and 0), "
+                "or a guard that reset them")
+
 
 HINT_FLOAT32 = ("this float64 result holds float32 numbers only (each equals its rounding to float32): the computation "
                 "went through float32 somewhere, a .float() or a tensor made without dtype= (torch.zeros(n), "
@@ -272,8 +276,10 @@ def check_close(actual: Any, expected: torch.Tensor | float, *, what: str,
         never = _never_written(actual, bad)
         if never:
             detail += f"; {never} of them never written"
-        overflow = bool((bad & torch.isinf(a) & torch.isfinite(e)).any())
-        observed = HINT_UNWRITTEN if never else _holds_other(a, e, others) or (HINT_OVERFLOW if overflow else None)
+        overflow = bool((bad & torch.isposinf(a) & torch.isfinite(e)).any())
+        emptied = bool((bad & torch.isneginf(a) & torch.isfinite(e)).any())
+        observed = HINT_UNWRITTEN if never else _holds_other(a, e, others) or (
+            HINT_OVERFLOW if overflow else HINT_EMPTIED if emptied else None)
         raise CheckFailure(what, detail=f"{n_bad} element(s) non-finite where they should not be (or the reverse): "
                            f"{detail}", inputs=inputs, hint=hint, kind="nonfinite", index=i, observed=observed)
     finite = torch.isfinite(e)

@@ -45,6 +45,10 @@ EXCEPTION_HINTS: tuple[tuple[str, str], ...] = (
      "two operands' shapes do not fit at that line: print both shapes. The usual causes here: a reduction over "
      "the wrong dim (dim=0 vs dim=-1) left the wrong size; a row statistic (..., N) meets a (..., N, d) tensor "
      "without its trailing dim (unsqueeze(-1))"),
+    (r"(from|to) shared \S+ is out of bounds",
+     "a shared array smaller than the layout that indexes it: declare it with room for every index its loads and "
+     "stores use (a tile whose rows are padded to d + 1 words needs rows·(d + 1)); a ragged last block needs a "
+     "guard on its rows, not a smaller array"),
     (r"Dimension out of range",
      "a dim that this input does not have: count dims from the end (dim=-2 for the keys or rows, -1 for the "
      "features), never a fixed dim=2 or dim=3, so that any number of leading dims works"),
@@ -79,7 +83,12 @@ def exception_hint(text: str) -> str | None:
                     hint = hint.replace("print both shapes", f"sizes {sizes[1]} and {sizes[2]} meet along dim "
                                                              f"{sizes[3]}")
                 function = text.split(" raised ", 1)[0]
-                if any(t in function for t in _TILED):
+                if "kernel" in function:  # the simulator's arrays: the thread axis is the last one, always
+                    hint = ("two operands' shapes do not fit at that line: print both shapes. In a kernel every "
+                            "per-thread value keeps the thread axis LAST: a row statistic is (L,), a row of d values "
+                            "per thread is (d, L), never (L, d) (docs/gpusim_guide.md); a reduction over the tile's "
+                            "keys is over axis 0 of the (keys, L) scores")
+                elif any(t in function for t in _TILED):
                     hint += _RAGGED
             return hint
     return None

@@ -656,11 +656,14 @@ def key_extents(rp: replay.Replayed, sides: dict[int, int] | None = None) -> lis
             continue
         if bool(ma & Q) == bool(mb & Q):  # both (or neither) derive from q: no side is the key side
             found.append(Extent("a product of q- and k/v-derived tiles", index, max(*sa[-2:], *sb[-2:]), "tile"))
+        # The query side's own dims index keys once it derives from k or v (P̃ from S, dP = dO·Vᵀ, dS with or
+        # without its P factor): then the product contracts over keys. Pure query-side data (q, dO) meets
+        # Kᵀ / Vᵀ, and the keys are the free dim.
         elif ma & Q:  # A is the query side: B is Kᵀ / Vᵀ (free dim: keys) or K / V (contraction: keys)
-            found.append(Extent("S = Q·Kᵀ", index, sb[-1], "keys") if not ma & K
+            found.append(Extent("S = Q·Kᵀ", index, sb[-1], "keys") if not ma & (K | V)
                          else Extent("P̃·V", index, sb[-2], "keys"))
         else:  # B is the query side: A is K / V (free dim: keys) or Kᵀ / Vᵀ (contraction: keys)
-            found.append(Extent("Sᵀ = K·Qᵀ", index, sa[-2], "keys") if not mb & K
+            found.append(Extent("Sᵀ = K·Qᵀ", index, sa[-2], "keys") if not mb & (K | V)
                          else Extent("Vᵀ·P̃ᵀ", index, sa[-1], "keys"))
         batch = max(math.prod(sa[:-2]), math.prod(sb[:-2]))
         if batch > 1:

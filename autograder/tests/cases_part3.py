@@ -505,16 +505,36 @@ def check_outputs(student, case: KernelCase) -> None:
 def kernel_probe_hint(student) -> str:
     """The forward ladder through the student's kernel (run(), the part-3 check path), with the recognisers of
     known forward bugs on the failed probe's inputs beneath it."""
+    unwritten: dict[tuple, list] = {}
+
     def run_case(*, nq, nk, d, causal, block_rows, block_cols, lead, q_mult):
         case = KernelCase(lead=tuple(lead), nq=nq, nk=nk, d=d, causal=causal, block_rows=block_rows,
                           block_cols=block_cols, seed=21, q_mult=q_mult)
         _, j = run(student, case)  # the judge's replay on its own inputs j.q, j.k, j.v
+        unwritten[(nq, nk, block_rows, block_cols)] = (j.stats or {}).get("unwritten_reads") or []
         return {"o": j.o, "lse": j.lse, "qkv": (j.q, j.k, j.v)}
     finding = pb.kernel_ladder(run_case, hidden=getattr(student, "hidden", True) is not False)
     rec = dg.forward_probe_hint(finding, tiles=True)
+    if rec is None and finding.failed is not None:
+        rec = unwritten_hint(finding.inputs[3], unwritten)
     if rec is not None and not dg._fitted(rec):  # a known bug, proved on the probe's inputs: not the rung's guess
         return finding.message(proven=rec)
     return dg._compose(finding.message(), rec)
+
+
+def unwritten_hint(spec: dict, unwritten: dict[tuple, list]) -> str | None:
+    """Where the failed probe's tiles are all full (no ragged block, whose rows a correct kernel may read
+    unstored and discard) and its replay read shared words no thread had stored (the simulator's
+    unwritten_reads: NaN here, garbage on a GPU): which, and the rule."""
+    key = (spec["nq"], spec["nk"], spec["bq"], spec["bk"])
+    reports = unwritten.get(key) or []
+    if not reports or spec["nq"] % spec["bq"] or spec["nk"] % spec["bk"]:
+        return None
+    r = reports[0]
+    return (f"with every tile full, the kernel reads shared words no thread stored ({r['example']} at "
+            f"{r['line']}, {r['words']} words in all): a tile's loads must use the layout its stores used, and "
+            "its stores must fill every word the loads read (each thread its float4s, the ragged guard on rows, "
+            "not on the tile's columns)")
 
 
 def check_only_qkvol(student, case: KernelCase) -> None:

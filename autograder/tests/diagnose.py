@@ -56,6 +56,10 @@ HINT_BF16 = ("the result has the error of a float16/bfloat16 step (about 1e-2 re
 HINT_UNSCALED_LSE = "lse must be of the SCALED scores: lse = log Σ_j exp(scale · q_i·k_j)"
 HINT_NOT_NORMALISED = ("o is not normalised: divide acc by ℓ once at the end, o = acc / ℓ (FA2 defers the division, "
                        "it does not drop it) (§5.1)")
+HINT_TILE_MAX = ("the running max forgets the old one: m_new = max(m_old, rowmax of the tile), not the tile's own "
+                 "max (a later tile with smaller scores, or one fully masked, would lower it or make it -inf) (§5.1)")
+HINT_STALE_MAX = ("m is never carried over: after each K/V block m = m_new, so that the next block rescales by "
+                  "exp(m_old - m_new) from the max so far, and lse = m + log ℓ uses it (§5.1)")
 HINT_SCALE_TWICE = "the softmax scale is applied twice: S = scale · q kᵀ, once (e.g. scale q OR S, not both)"
 HINT_SCALE = "scores must be scaled: S = scale · q kᵀ, and scale=None means 1/√d (handout conventions)"
 HINT_SCALE_ONE_OVER_D = ("the scores are scaled by 1/d, not 1/√d: scale=None means 1/√d (handout conventions); "
@@ -278,8 +282,10 @@ def masked_attention(q, k, v, allowed: torch.Tensor, scale: float | None, kt: to
 
 def no_rescale_forward(q, k, v, *, causal, block_k, scale, missing: str):
     """§5.1's K/V-block loop (all query rows at once) with a rescaling BUG: missing="acc" | "l" | "both"
-    leaves those unrescaled, "inverted" rescales by exp(m_new - m_old). Returns (o, lse)."""
-    assert missing in ("acc", "l", "both", "inverted"), "a variant is a bug by construction"
+    leaves those unrescaled, "inverted" rescales by exp(m_new - m_old), "tile_max" takes each tile's
+    own max for the running max (the old m forgotten), "stale_max" never carries m_new over to m.
+    Returns (o, lse)."""
+    assert missing in ("acc", "l", "both", "inverted", "tile_max", "stale_max"), "a variant is a bug by construction"
     q, k, v = q.double(), k.double(), v.double()
     nq, nk = q.shape[-2], k.shape[-2]
     allowed = _mask(nq, nk, causal)
@@ -289,10 +295,12 @@ def no_rescale_forward(q, k, v, *, causal, block_k, scale, missing: str):
     for j0 in range(0, nk, block_k):  # Q blocking does not matter: each row's sequence of K/V blocks does
         j1 = min(j0 + block_k, nk)
         s = (_scale(q, scale) * q @ k[..., j0:j1, :].transpose(-1, -2)).masked_fill(~allowed[:, j0:j1], -math.inf)
-        m_new = torch.maximum(m, s.amax(-1))
+        m_new = s.amax(-1) if missing == "tile_max" else torch.maximum(m, s.amax(-1))
         base = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(s - base.unsqueeze(-1))
-        if missing == "inverted":
+        if missing in ("tile_max", "stale_max"):
+            alpha_l = alpha_acc = torch.exp(m - base)
+        elif missing == "inverted":
             old = torch.where(torch.isneginf(m), base, m)
             alpha = torch.exp(base - old)
             alpha_l = alpha_acc = alpha
@@ -302,7 +310,7 @@ def no_rescale_forward(q, k, v, *, causal, block_k, scale, missing: str):
             alpha_acc = alpha if missing == "l" else torch.ones_like(alpha)
         l = l * alpha_l + p.sum(-1)
         acc = acc * alpha_acc.unsqueeze(-1) + p @ v[..., j0:j1, :]
-        m = m_new
+        m = m if missing == "stale_max" else m_new
     return acc / torch.where(l == 0, torch.ones_like(l), l).unsqueeze(-1), m + torch.log(l)
 
 
@@ -345,6 +353,8 @@ def forward_variants(q, k, v, *, causal, block_q, block_k, scale) -> dict[str, t
                      HINT_RESCALE)
     out["inverted_rescale"] = (*no_rescale_forward(q, k, v, causal=causal, block_k=block_k, scale=scale,
                                                    missing="inverted"), HINT_RESCALE_INVERTED)
+    for name, hint in (("tile_max", HINT_TILE_MAX), ("stale_max", HINT_STALE_MAX)):
+        out[name] = (*no_rescale_forward(q, k, v, causal=causal, block_k=block_k, scale=scale, missing=name), hint)
     masks = {}
     # A dropped ragged block is a recognisable bug only next to a full block: with N < block it would
     # drop everything, which many other bugs also look like.
@@ -441,8 +451,9 @@ def skipped_blocks_forward(actual: torch.Tensor, which: str, q, k, v, *, causal:
 
 
 def recognise_forward(actual: Any, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
-                      scale: float | None, tol: float) -> str | None:
-    """The hint of the known buggy forward that `actual` (o or lse on these inputs) matches, if any."""
+                      scale: float | None, tol: float, variants: bool = True) -> str | None:
+    """The hint of the known buggy forward that `actual` (o or lse on these inputs) matches, if any.
+    variants=False: not the known buggy forwards (forward_probe_hint matches them on o and lse at once)."""
     nq, nk = q.shape[-2], k.shape[-2]
     o, lse, _ = masked_attention(q, k, v, _mask(nq, nk, causal), scale)
     correct = o if which == "o" else lse
@@ -454,12 +465,12 @@ def recognise_forward(actual: Any, which: str, q, k, v, *, causal: bool, block_q
     nan_rows = set(per_row.nonzero()[:, 0].tolist())
     if nan_rows and masked and nan_rows <= set(masked):
         return HINT_NEGINF_GUARD
-    variants = {name: ((vo if which == "o" else vl), hint)
-                for name, (vo, vl, hint) in forward_variants(q, k, v, causal=causal, block_q=block_q,
-                                                              block_k=block_k, scale=scale).items()}
-    hint = _best_variant(actual, correct, variants, tol)
-    if hint:
-        return hint
+    if variants:
+        hint = _best_variant(actual, correct, {name: ((vo if which == "o" else vl), hint) for name, (vo, vl, hint) in
+                                               forward_variants(q, k, v, causal=causal, block_q=block_q,
+                                                                block_k=block_k, scale=scale).items()}, tol)
+        if hint:
+            return hint
     fitted = skipped_blocks_forward(actual, which, q, k, v, causal=causal, block_q=block_q, block_k=block_k,
                                     scale=scale)
     if fitted is not None:
@@ -531,16 +542,43 @@ def tile_offset_hint(actual: torch.Tensor, which: str, q, k, v, *, causal: bool,
     return _best_variant(actual, correct, variants, tol)
 
 
+def _variant_of_both(o: Any, lse: Any, q, k, v, *, causal: bool, block_q: int, block_k: int, scale: float | None,
+                     tol: float) -> str | None:
+    """The hint of the known buggy forward whose o AND lse both match the probe's (a variant that explains
+    one output and not the other, an lse of -inf everywhere say, is not the bug)."""
+    if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor)):
+        return None
+    nq, nk = q.shape[-2], k.shape[-2]
+    co, cl, _ = masked_attention(q, k, v, _mask(nq, nk, causal), scale)
+    if o.shape != co.shape or lse.shape != cl.shape:
+        return None
+    err = max(_dist(o, co), _dist(lse, cl))
+    best: tuple[float, str] | None = None
+    for vo, vl, hint in forward_variants(q, k, v, causal=causal, block_q=block_q, block_k=block_k,
+                                         scale=scale).values():
+        if max(_dist(vo, co), _dist(vl, cl)) <= tol:
+            continue  # indistinguishable from the correct forward on these inputs
+        e = max(_dist(o, vo), _dist(lse, vl))
+        if e <= MATCH_TOL_FACTOR * tol and (err == math.inf or e <= MATCH_RATIO * err) and (best is None or e < best[0]):
+            best = (e, hint)
+    return best[1] if best else None
+
+
 def forward_probe_hint(finding: "pb.Finding", tiles: bool = False) -> str | None:
     """The recogniser's verdict on the failed probe's own (small, float64) inputs; with `tiles` (a kernel's
     probes), also tile_offset_hint."""
     if finding.failed is None or finding.outputs is None:
         return None
     q, k, v, s = finding.inputs
+    o, lse = finding.outputs[:2]
+    tol = _probe_tol(q.dtype)
+    settings = dict(causal=s.get("causal", False), block_q=s["bq"], block_k=s["bk"], scale=s.get("scale"))
+    hint = _variant_of_both(o, lse, q, k, v, tol=tol, **settings)
+    if hint:
+        return hint
     for name in finding.wrong:
         actual = finding.outputs[0 if name == "o" else 1]
-        hint = recognise_forward(actual, name, q, k, v, causal=s.get("causal", False), block_q=s["bq"],
-                                 block_k=s["bk"], scale=s.get("scale"), tol=_probe_tol(q.dtype))
+        hint = recognise_forward(actual, name, q, k, v, tol=tol, variants=False, **settings)
         if hint is None and tiles:
             hint = tile_offset_hint(actual, name, q, k, v, causal=s.get("causal", False), block_k=s["bk"],
                                     scale=s.get("scale"), tol=_probe_tol(q.dtype))

@@ -64,6 +64,7 @@ class LaunchCounters:
         self.read_touched: dict[str, np.ndarray] = {}  # ideal cache: sectors read this launch
         self.write_touched: dict[str, np.ndarray] = {}
         self.races: dict[tuple[str, str, str], dict] = {}
+        self.unwritten: dict[tuple[str, str], dict] = {}  # loads of shared words no thread stored to
         self.shared_bytes_per_block = 0
         # The most words of per-thread values live at once in a block: measured only by a replay
         # (course.gpusim.trace.LiveState); a direct run leaves 0 (the engine does not see registers).
@@ -125,6 +126,7 @@ class LaunchCounters:
         }
         out["race_reports"] = [dict(r) for r in self.races.values()]
         out["races"] = sum(r["accesses"] for r in out["race_reports"])
+        out["unwritten_reads"] = [dict(r) for r in self.unwritten.values()]
         return out
 
 
@@ -170,6 +172,7 @@ def merge_stats(stats: list[dict]) -> dict:
     ``per_launch`` keeps each launch's totals, without its lines and buffers."""
     out: dict = {k: 0 for k in _SUMMED}
     out["kernels"], out["buffers"], out["lines"], out["race_reports"], out["per_launch"] = [], {}, {}, [], []
+    out["unwritten_reads"] = []
     out["shared_rule"] = stats[0]["shared_rule"] if stats else "course"
     for k in _PEAKS:
         out[k] = 0
@@ -180,6 +183,7 @@ def merge_stats(stats: list[dict]) -> dict:
             out[k] = max(out[k], s.get(k, 0))
         out["kernels"] += s["kernels"]
         out["race_reports"] += s["race_reports"]
+        out["unwritten_reads"] += s.get("unwritten_reads", [])
         for name, b in s["buffers"].items():
             if name not in out["buffers"]:
                 out["buffers"][name] = dict(b)
@@ -193,6 +197,6 @@ def merge_stats(stats: list[dict]) -> dict:
                 if k != "source":
                     tgt[k] = tgt.get(k, 0) + v
         out["per_launch"] += s.get("per_launch") or [
-            {k: v for k, v in s.items() if k not in ("buffers", "lines", "race_reports")}
+            {k: v for k, v in s.items() if k not in ("buffers", "lines", "race_reports", "unwritten_reads")}
         ]
     return out

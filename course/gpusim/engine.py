@@ -176,6 +176,9 @@ class SharedArray(_Array):
         # A real GPU leaves shared memory uninitialised; NaN makes a read-before-write visible.
         fill = np.nan if self.dtype.kind == "f" else 0
         self.data = np.full(nblocks * self.size, fill, dtype=self.dtype)
+        # which words some thread has stored to (counting runs: a read of another word is reported,
+        # "unwritten_reads" in the stats: garbage on a real GPU, never an error, a pad word may be read)
+        self.written = np.zeros(nblocks * self.size, bool)
         if track_races:
             n = nblocks * self.size
             self.w_epoch = np.full(n, -1, np.int64)  # epoch of the last write
@@ -190,6 +193,12 @@ class SharedArray(_Array):
 
     def __repr__(self) -> str:
         return f"SharedArray({self.name!r}, size={self.size})"
+
+
+def _words(flat: np.ndarray, w: int, act) -> np.ndarray:
+    """The flat words an access of width w touches in its active lanes (1-D)."""
+    sel = flat[act] if act is not None else flat.reshape(-1)
+    return (sel.reshape(-1, 1) + np.arange(w)).reshape(-1) if w > 1 else sel.reshape(-1)
 
 
 _ACTIVE: "ThreadContext | None" = None
@@ -485,9 +494,12 @@ class ThreadContext:
         lo, hi = int(sel.min()), int(sel.max())
         if lo < 0 or hi + w > arr.size:
             bad = lo if lo < 0 else hi
+            fix = ("declare it with room for every index its layout uses (a row padded to d + 1 words needs "
+                   "rows·(d + 1)), or guard lanes that have nothing there with t.where(...)" if arr.space == "shared"
+                   else "guard the access with t.where(...) (a ragged last block), or check its offset and stride")
             raise OutOfBoundsError(
                 f"{key}: {what} {arr.space} {arr.name}[{bad}] is out of bounds ({arr.name} has {arr.size} "
-                f"elements{', float' + str(w) if w > 1 else ''}): guard the access with t.where(...)"
+                f"elements{', float' + str(w) if w > 1 else ''}): {fix}"
             )
         if w > 1 and (sel % w).any():
             bad = int(sel[(sel % w) != 0][0])
@@ -659,8 +671,10 @@ class ThreadContext:
 
                 self._race_read(arr, pairs, key)
             if B == 1:
+                self._note_unwritten(arr, iu[live.any(1)].reshape(-1, 1) + np.arange(w), key)
                 return self._values(arr.data, iu.reshape(U + (1,)), w, None)
             flat = self._lane_block * S + iu.reshape(U + (1,))  # (*U, L): each block its own copy
+            self._note_unwritten(arr, _words(_bcast(flat, full), w, act), key)
             return self._values(arr.data, flat, w, act)
 
         idxf = _bcast(idx, full)
@@ -705,10 +719,30 @@ class ThreadContext:
                 self._race_write(arr, fw, lw, key)
         flat = idxf if B == 1 else idxf + self._lane_block * S
         if is_load:
+            self._note_unwritten(arr, _words(flat, w, act), key)
             return self._values(arr.data, flat, w, act)
         vals = self._store_values(arr, value, U, w, key)
         self._scatter(arr.data, flat, vals, w, act)
+        arr.written[_words(flat, w, act)] = True
         return None
+
+    def _note_unwritten(self, arr: SharedArray, words: np.ndarray, key: str) -> None:
+        """Report a load of shared words no thread has stored to yet (their values are garbage on a real
+        GPU: NaN here): a store and the loads of its tile that use different layouts, or a tile loaded
+        only in part. A report in the stats (unwritten_reads), for the grader's hints; never an error."""
+        unwritten = ~arr.written[words]
+        if not unwritten.any():
+            return
+        r = self._ctr.unwritten.get((key, arr.name))
+        if r is None:
+            word = int(words.reshape(-1)[int(np.flatnonzero(unwritten.reshape(-1))[0])])
+            self._ctr.unwritten[(key, arr.name)] = {
+                "line": key, "source": self._ctr.sources.get(key, ""), "buffer": arr.name,
+                "words": int(unwritten.sum()),
+                "example": f"block {self._block_ids[word // arr.size]} reads {arr.name}[{word % arr.size}]",
+            }
+        else:
+            r["words"] += int(unwritten.sum())
 
     # ---- race detection -----------------------------------------------------------------
     def _record_race(self, arr: SharedArray, key: str, kind: str, count: int, example: str) -> None:
