@@ -83,6 +83,10 @@ HINT_VIEWS = ("update must return views (slices) of the preallocated (…, max_l
               "tensors: allocate once in __init__, never torch.cat")
 HINT_ERRORS = ("raise ValueError with a one-line message that says what is wrong and what to do; check the layer "
                "against 0 <= layer < n_layers first (a negative index would silently update the last layer)")
+HINT_NO_FINAL_NORM = ("the logits are the model's without its final norm: logits = model.lm_head(model.norm(x)) after "
+                      "the last block (model.forward's last step)")
+HINT_BLOCK_SKIPPED = ("the logits are the model's without its last block: run every block of model.blocks, each with its "
+                      "own layer of the cache")
 HINT_REJECTED = ("a rejected update changes nothing: check every argument (layer, shapes, room left) before you write "
                  "into the buffers or move the layer's length, so the next update that fits succeeds and returns the "
                  "tokens cached before it, then its own")
@@ -295,11 +299,12 @@ def bug_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int], bug:
     and its own chunk's start and size, so one pass over the sequence can give every token the
     positions or the mask the buggy cache would have used.
 
-    "layer0_length": layers >= 1 rotate each token by its chunk's size T too far (they read the cache
+    "no_final_norm": logits = lm_head(x) without model.norm; "last_block_skipped": the loop leaves out the
+    last block (range(n_layers - 1)). "layer0_length": layers >= 1 rotate each token by its chunk's size T too far (they read the cache
     length after layer 0 appended, §8.2); "top_left": the causal mask of a chunk aligned top-left, so its
     query j sees only the first j + 1 keys of the cache; "positions_from_zero": every call gives its
     tokens positions 0..T-1 (queries and the keys it caches), not cache.length onwards."""
-    if bug not in ("layer0_length", "top_left", "positions_from_zero"):
+    if bug not in ("layer0_length", "top_left", "positions_from_zero", "no_final_norm", "last_block_skipped"):
         raise ValueError(f"unknown bug {bug!r}")
     cfg = m.config
     B, N = tokens.shape
@@ -309,7 +314,7 @@ def bug_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int], bug:
     keys = torch.arange(N).unsqueeze(0)
     visible = keys <= (pos - start).unsqueeze(1) if bug == "top_left" else keys <= pos.unsqueeze(1)
     x = m.tok_emb(tokens)
-    for i, blk in enumerate(m.blocks):
+    for i, blk in enumerate(m.blocks[:-1] if bug == "last_block_skipped" else m.blocks):
         at = pos + size if (bug == "layer0_length" and i > 0) else pos - start if bug == "positions_from_zero" else pos
         h = blk.attn_norm(x)
         a = blk.attn
@@ -319,7 +324,7 @@ def bug_logits(m: TinyTransformer, tokens: torch.Tensor, chunks: list[int], bug:
         o = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v
         x = x + a.wo(o.transpose(1, 2).reshape(B, N, -1))
         x = x + blk.ffn(blk.ffn_norm(x))
-    logits = m.lm_head(m.norm(x))
+    logits = m.lm_head(x if bug == "no_final_norm" else m.norm(x))
     cuts = [0, *[sum(chunks[: j + 1]) for j in range(len(chunks))]]
     return [logits[:, a:b] for a, b in zip(cuts, cuts[1:])]
 
@@ -398,7 +403,8 @@ class CacheCase:
 def _diagnose(m: TinyTransformer, tokens: torch.Tensor, sizes: list[int], got: list[Any], bound: float) -> str | None:
     """The hint of the known bug whose logits the student's match (within `bound`), if any."""
     for bug, hint in (("layer0_length", HINT_LAYER0), ("top_left", HINT_TOPLEFT),
-                      ("positions_from_zero", HINT_POSITIONS_ZERO)):
+                      ("positions_from_zero", HINT_POSITIONS_ZERO), ("no_final_norm", HINT_NO_FINAL_NORM),
+                      ("last_block_skipped", HINT_BLOCK_SKIPPED)):
         want = bug_logits(m, tokens, sizes, bug)
         if all(isinstance(g, torch.Tensor) and g.shape == w.shape and
                float((g.double() - w.double()).abs().max()) <= bound for g, w in zip(got, want, strict=True)):
