@@ -35,13 +35,20 @@ FILES = intake.all_graded_files()
 # a fake grade function, importable by the judge processes (module `test_batch`)
 
 
+def _holds_the_reference(folder: Path) -> bool:
+    """The folder's graded files are solutions/'s (the batch grades the reference through the intake, from a
+    folder of its own)."""
+    names = [f.name for f in (ROOT / "solutions").glob("*.py") if (folder / f.name).is_file()]
+    return bool(names) and all((folder / n).read_bytes() == (ROOT / "solutions" / n).read_bytes() for n in names)
+
+
 def fake_grade(impl_dir, *, parts=None, test_sets=("public",), worker_prefix=None, limits=None, **_):
     """Part n scores its max when its file contains 'CORRECT'; 'HANG' sleeps, 'RAISE' raises,
     'DIE' kills this judge process. Deterministic, and as fast as a report can be made."""
     from autograder.engine import load_rubric
 
     rubric = load_rubric()
-    reference = Path(impl_dir).resolve() == ROOT / "solutions"
+    reference = _holds_the_reference(Path(impl_dir))
     rows, tests = [], []
     for p in rubric.parts:
         if parts and p.number not in parts:
