@@ -384,17 +384,20 @@ HINT_FORWARD_PAIRS_SKIPPED = ("every (Q block, K/V block) pair in which some que
                               "up to min(Nk, i1 + Nk - Nq) (§6.2)")
 
 
-def _fitted(hint: str) -> bool:
-    """Whether a recogniser's hint is the fit of left-out block pairs (_pairs_text): it says WHICH pairs are
+class Fitted(str):
+    """A recogniser's hint that is a fit of left-out block pairs (_pairs_text): it says WHICH pairs are
     missing, not why (loop bounds, or a mask that hides whole tiles), so the rung's own text stays beside it."""
-    return "(Q block, K/V block) pair" in hint and " gives that leaves out " in hint
 
 
-def _pairs_text(which: str, what: str, dropped: list) -> str:
+def _fitted(hint: str) -> bool:
+    return isinstance(hint, Fitted)
+
+
+def _pairs_text(which: str, what: str, dropped: list, why: str) -> Fitted:
     shown = ", ".join(f"rows {i0}..{i1 - 1} with keys {j0}..{j1 - 1}" for (i0, i1), (j0, j1) in dropped[:3])
     more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
-    return (f"{which} is what a {what} gives that leaves out {len(dropped)} (Q block, K/V block) pair"
-            f"{'s' if len(dropped) > 1 else ''} ({shown}{more}): ")
+    return Fitted(f"{which} is what a {what} gives that leaves out {len(dropped)} (Q block, K/V block) pair"
+                  f"{'s' if len(dropped) > 1 else ''} ({shown}{more}): {why}")
 
 
 def skipped_blocks_forward(actual: torch.Tensor, which: str, q, k, v, *, causal: bool, block_q: int, block_k: int,
@@ -475,8 +478,8 @@ def recognise_forward(actual: Any, which: str, q, k, v, *, causal: bool, block_q
                                     scale=scale)
     if fitted is not None:
         variant, dropped = fitted
-        found = _best_variant(actual, correct, {"pairs_skipped": (variant, _pairs_text(which, "forward", dropped)
-                                                                  + HINT_FORWARD_PAIRS_SKIPPED)}, tol)
+        found = _best_variant(actual, correct, {"pairs_skipped": (variant, _pairs_text(
+            which, "forward", dropped, HINT_FORWARD_PAIRS_SKIPPED))}, tol)
         if found:
             return found
     if nan_rows:
@@ -777,7 +780,7 @@ def recognise_backward(actual: Any, which: str, q, k, v, o, lse, do, *, causal: 
         q, k, v, o, lse, do, causal=causal, block_q=block_q, block_k=block_k, scale=scale))
     if fitted is not None:
         variant, dropped = fitted
-        hint = _pairs_text(which, "backward", dropped) + HINT_PAIRS_SKIPPED
+        hint = _pairs_text(which, "backward", dropped, HINT_PAIRS_SKIPPED)
         found = _best_variant(actual, correct, {"pairs_skipped": (variant, hint)}, tol)
         if found:
             return found
