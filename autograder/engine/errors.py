@@ -57,7 +57,8 @@ EXCEPTION_HINTS: tuple[tuple[str, str], ...] = (
      "an offset or stride too large (a head's rows start at head·N with that buffer's own N: Nq for Q, O and L, "
      "Nk for K and V)"),
     (r"OverflowError|math range error",
-     "math.exp overflows above 709: subtract the running max before exp (§4.2)"),
+     "math.exp overflows above 709: subtract the running max before exp (§4.2), and when the max grows ℓ is "
+     "rescaled by exp(m_old - m_new) <= 1, never by exp(m_new - m_old) (§4.3)"),
     (r"modified by an inplace operation|a leaf Variable that requires grad",
      "autograd needs the tensors it saved unchanged: write to a new tensor instead of in place, or "
      "compute the backward by hand in the Function (§7)"),

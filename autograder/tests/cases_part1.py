@@ -603,15 +603,30 @@ def judge_counted(student, which: str, passes: list[list[float]]) -> tuple[Any, 
     return out["result"], delivered
 
 
-def pass_values(n: int, seed: int, passes: int, shift: float = 0.0) -> list[list[float]]:
+STAIR = 1000.0  # more than exp's range in float64 (~709)
+
+
+def stairs(x: list[float], steps: int = 3) -> list[float]:
+    """x with its k-th third lifted by k·STAIR: a shift chosen before the max is seen (the first value, a
+    first stretch's max) leaves exp(x - shift) to overflow on a later third, so only a shift that follows
+    the running max (rescaling ℓ as it grows: the online softmax, §4.3) or the true max (a max pass first)
+    gives finite sums. Without it, every value lay within ~±15 of any other: a softmax shifted once by the
+    first value read was exact, with no online rescaling."""
+    n = len(x)
+    return [v + STAIR * min(steps - 1, i * steps // max(n, 1)) for i, v in enumerate(x)]
+
+
+def pass_values(n: int, seed: int, passes: int, shift: float = 0.0, lifted: bool = False) -> list[list[float]]:
     """The values each pass of a counted softmax reads: pass 1 gets x, each later pass x moved by up to
     ±0.01 (another draw each pass). A correct k-pass softmax uses what each pass reads (its statistics
     from the earlier passes, its probabilities from the last), so its output is expected_passes(...) of
     these lists; a function that keeps x from one pass and only walks over x in the others (reads
     that compute nothing) gives the softmax of that one pass's values instead, off by ~1e-3 relative.
     shift: added to x; from ~710 on, exp(x) overflows float64, so only a sum shifted by the (running)
-    max stays finite: the naive softmax with a rebase counter beside it is not the online one."""
+    max stays finite: the naive softmax with a rebase counter beside it is not the online one.
+    lifted: x in stairs (a shift fixed early overflows later)."""
     x = [v + shift for v in counted_values(n, seed)]
+    x = stairs(x) if lifted else x
     g = torch.Generator().manual_seed(seed + 5000)
     moved = [(torch.tensor(x, dtype=torch.float64) + (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 0.02)
              .tolist() for _ in range(passes - 1)]
@@ -639,7 +654,7 @@ def check_passes(student, which: str, n: int, seed: int, shift: float = 0.0) -> 
     """The passes the judge counted as it delivered the values, then the probabilities from what each pass
     read (pass_values: each pass its own values, moved by `shift`)."""
     want = {"naive": 2, "safe": 3, "online": 2}[which]
-    passes = pass_values(n, seed, want, shift)
+    passes = pass_values(n, seed, want, shift, lifted=which != "naive")
     result, reads = judge_counted(student, which, passes)
     fn = f"{which}_softmax_counted"
     if which == "online":
@@ -671,6 +686,7 @@ def check_rebases(student, n: int, seed: int, order: str = "random") -> None:
     property of any scan of the running max: a three-pass safe softmax, or a naive one, with a counter
     beside it would count the same rebases without the algorithm the test is about."""
     values = [v + REBASE_SHIFT for v in counted_values(n, seed, order)]
+    values = values if order == "decreasing" else stairs(values)  # (decreasing: the first value is the max)
     fn = "online_softmax_counted"
     result, reads = judge_counted(student, "online", [values])
     probs, rebases = unpack(result, 2, what=f"{fn}(x) returns (probabilities, rebases)", hint=HINTS["rebases"])
@@ -681,7 +697,7 @@ def check_rebases(student, n: int, seed: int, order: str = "random") -> None:
                  f"expected 2", hint=HINTS["passes"]["online"], inputs={"x": (n,)})
     check_close(probs, ref_softmax(torch.tensor(values, dtype=torch.float64)),
                 what=f"the call whose rebases are counted is the online softmax: {fn}(x) against float64 softmax, "
-                     f"x around {REBASE_SHIFT:g} (exp(x) alone overflows)", inputs={"x": (n,)}, atol=1e-12, rtol=0.0,
+                     f"x from {REBASE_SHIFT:g} up in stairs of {STAIR:g} (exp(x) alone overflows)", inputs={"x": (n,)}, atol=1e-12, rtol=0.0,
                 hint=HINTS[VALUE_HINTS["online"]], dtype=torch.float64)
     want = expected_rebases(values)
     hint = HINTS["rebases"]
