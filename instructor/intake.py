@@ -339,9 +339,9 @@ def take_for_parts(entry: Path, dest: Path, parts: list[int] | None, **kwargs) -
         for name in sub.files:
             try:
                 text = (Path(sub.dir) / name).read_text(encoding="utf-8-sig")
-            except (OSError, UnicodeDecodeError):
-                continue
-            more |= stems if deps.dynamic(text) else deps.relative_imports(text, stems)
+                more |= stems if deps.dynamic(text) else deps.relative_imports(text, stems)
+            except Exception:  # noqa: BLE001 -- a file it cannot analyse may import anything: take them all
+                more |= stems
         more = {m + ".py" for m in more} - wanted
         if not more:
             return sub
