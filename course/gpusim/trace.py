@@ -525,18 +525,20 @@ def _event_refs(ev: list) -> list[int]:
     return _lanes.traced_ids(ev[1:])
 
 
-def thread_words(value, lanes: int) -> int:
-    """Words of a per-thread value that ONE thread holds, by the engine's convention (engine.py): the
-    last axis of a per-thread array is the thread when it has one entry per thread (``lanes``);
-    any other array is the same in every thread (a broadcast read, e.g. a (B_c, d) K tile read from
-    shared memory with a uniform index), so each thread holds all of it. Broadcast axes (stride 0,
+def thread_words(value, lanes: int, ax=None) -> int:
+    """Words of a per-thread value that ONE thread holds. Its thread axis is ``ax`` (negative) where the
+    lanes.py rule followed it (a rows-first product (B_r, B_c, d) made from q.T: axis -3), else by the
+    engine's convention (engine.py) the last axis when it has one entry per thread (``lanes``); any
+    other array is the same in every thread (a broadcast read, e.g. a (B_c, d) K tile read from shared
+    memory with a uniform index), so each thread holds all of it. Broadcast axes (stride 0,
     np.broadcast_to) hold no values of their own. A numpy scalar is one word."""
     if not isinstance(value, np.ndarray):
         return 1
     shape, strides = value.shape, value.strides
+    p = len(shape) + ax if type(ax) is int and 0 < -ax <= len(shape) else len(shape) - 1
     n = 1
     for i, (s, st) in enumerate(zip(shape, strides)):
-        if i == len(shape) - 1 and s == lanes:
+        if i == p and s == lanes:
             continue
         if st != 0:
             n *= s
@@ -655,7 +657,7 @@ class LiveState:
         ck = self.checker
         ax = ck.ax.get(tid) if ck is not None and ck.on else None
         bw = 0 if self._fused(i, tid) else block_words(value, ax, self.threads, self.blocks, self.lanes)
-        self.groups.setdefault(key, {})[tid] = (thread_words(value, self.lanes), bw)
+        self.groups.setdefault(key, {})[tid] = (thread_words(value, self.lanes, ax), bw)
         self._set(key)
         self.ends.setdefault(max(i, self.last_use.get(tid, i)), []).append(tid)
 
