@@ -703,8 +703,12 @@ def _try_bubblewrap(seccomp, limits) -> tuple[Sandbox | None, str]:
         box = Sandbox("bubblewrap", limits, bwrap, setpriv, seccomp, UID_BASE + 99 if setpriv else None, "bubblewrap")
         ok, why = _run_probe(box, Path(d))
         if not ok and box.uid is not None:  # retry without the uid drop before giving up
+            first = why
             box = Sandbox("bubblewrap", limits, bwrap, None, seccomp, None, "bubblewrap")
             ok, why = _run_probe(box, Path(d))
+            # both reasons: the first is the one to fix (setpriv where the sandbox does not mount it, say);
+            # the retry without the uid drop fails for a reason of its own (root inside the sandbox)
+            why = f"with setpriv's uid drop ({setpriv}): {first}; without it: {why}"
     return (replace(box, uid=None) if ok else None), f"bwrap failed its self-test: {why}"
 
 
