@@ -128,6 +128,7 @@ class Submission:
     elsewhere: dict[str, str] = field(default_factory=dict)  # graded file -> where it was taken from, when
     # it is not in the folder with the others (root)
     root: str = ""  # the folder the graded files were taken from ("." = the submission's top)
+    passed_over: list[str] = field(default_factory=list)  # other copies of graded files, not graded (first 50)
     _ignored_names: list[str] = field(default_factory=list, repr=False)  # their base names (_ignore), for `near`
 
     @property
@@ -150,6 +151,10 @@ class Submission:
         lines += [f"{name}: missing (that part scores 0)" + (
             f"; did you mean {self.near[name]!r}? graded files must have exactly these names"
             if name in self.near else "") for name in self.missing]
+        if self.passed_over:
+            shown = ", ".join(self.passed_over[:8]) + (" ..." if len(self.passed_over) > 8 else "")
+            lines.append(f"graded the files in {where}; {len(self.passed_over)} other copy(ies) of graded files were "
+                         f"NOT graded: {shown} (keep one copy of each, beside the others)")
         if self.ignored_count:
             shown = ", ".join(self.ignored[:8]) + (" ..." if self.ignored_count > 8 else "")
             lines.append(f"ignored {self.ignored_count} file(s) that are not graded: {shown}")
@@ -160,6 +165,7 @@ class Submission:
             "name": self.name, "source": self.source, "files": self.files, "missing": self.missing,
             "rejected": [list(r) for r in self.rejected], "ignored_count": self.ignored_count,
             "error": self.error, "sha256": self.sha256, "found_elsewhere": self.elsewhere,
+            "passed_over": self.passed_over,
         }
 
 
@@ -644,8 +650,8 @@ def _collect(candidates: dict[str, list[str]], known: set[str], sub: Submission,
         there = [p for p in sorted(paths) if str(PurePosixPath(p).parent) != root]
         if here:
             for p in there:
-                if p not in blocked:  # (a rejected one is listed as rejected already)
-                    _ignore(sub, p)  # a second copy elsewhere (e.g. a backup folder): not graded
+                if p not in blocked and len(sub.passed_over) < 50:  # (a rejected one is listed as rejected already)
+                    sub.passed_over.append(sanitize.name(p, 200))  # a second copy elsewhere: named, not graded
             p = here[0]
         elif len(there) == 1:
             p = there[0]

@@ -231,11 +231,14 @@ def test_a_graded_file_outside_the_chosen_folder_twice_is_named_ambiguous_not_mi
     (path, why), = sub.rejected
     assert path == moved and "2 copies elsewhere" in why and f"'a/{moved}'" in why and f"'b/{moved}'" in why
     assert "missing" not in "\n".join(sub.notes())
-    # a copy beside the chosen folder's own is still a backup, ignored (the starter/ rule is unchanged)
+    # a copy beside the chosen folder's own is not graded (the starter/ rule is unchanged), and the note says
+    # which folder was graded and names the copy passed over, apart from the files that are not graded at all
     s2 = _tree(tmp_path / "s2", {**{f"starter/{f}": "x = 1\n" for f in FILES}, f"old/{moved}": "y = 1\n"})
     sub = intake.take(s2, tmp_path / "d2")
     assert (tmp_path / "d2" / moved).read_text() == "x = 1\n" and not sub.elsewhere
-    assert any(p == f"old/{moved}" for p in sub.ignored)
+    assert sub.passed_over == [f"old/{moved}"] and f"old/{moved}" not in sub.ignored
+    assert any(n.startswith("graded the files in 'starter'; 1 other copy(ies) of graded files were NOT graded: old/")
+               for n in sub.notes()), sub.notes()
 
 
 def test_only_the_files_of_the_parts_graded_are_taken_and_named(tmp_path):
@@ -317,7 +320,7 @@ def test_a_graded_file_rejected_where_it_is_is_not_taken_from_another_copy(tmp_p
         sub = intake.take(z, tmp_path / f"d{len(first)}")
         assert FILES[0] not in sub.files and not sub.elsewhere and sorted(sub.files) == sorted(FILES[1:])
         assert [p for p, why in sub.rejected] == [f"sol/{FILES[0]}"] and FILES[0] not in sub.missing, sub.rejected
-        assert f"old/backup/{FILES[0]}" in sub.ignored and f"sol/{FILES[0]}" not in sub.ignored  # listed once
+        assert f"old/backup/{FILES[0]}" in sub.passed_over and f"sol/{FILES[0]}" not in sub.passed_over + sub.ignored  # listed once
     s = _tree(tmp_path / "s", {**{f"starter/{g}": "x = 1\n" for g in FILES[1:]}, f"old/{FILES[0]}": "x = 3\n"})
     (s / f"{FILES[0]}").symlink_to(s / "old" / FILES[0])  # a link at the top: the file is old/'s
     sub = intake.take(s, tmp_path / "d3")
