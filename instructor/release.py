@@ -104,7 +104,8 @@ VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
 # The stamp names the pins it installed (a checksum of requirements.txt and requirements.lock): a fresh
 # clone, whose files are newer than any stamp but pin the same versions, installs nothing (nor touches a
-# virtualenv shared through a symlink); other pins install theirs.
+# virtualenv shared through a symlink); other pins install theirs, and the stamps of other pins go only
+# when that install changed a package (the course repository's pins, a superset, change nothing: both stay).
 PINS   := $(shell cat requirements.txt requirements.lock 2>/dev/null | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.installed-$(PINS)
 # torch's CPU build comes from PyTorch's CPU index (PyPI's Linux wheel is the much larger CUDA
@@ -134,8 +135,10 @@ venv: $(STAMP)
 $(STAMP):
 \t@command -v $(PYTHON) >/dev/null || {{ echo "error: $(PYTHON) not found; install Python {python} or run make PYTHON=/path/to/python{python}"; exit 1; }}
 \ttest -x $(PY) || $(PYTHON) -m venv $(VENV)
-\t$(PY) -m pip install --quiet --disable-pip-version-check $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r requirements.txt -c requirements.lock
-\trm -f $(VENV)/.installed $(VENV)/.installed-*
+\t@before=$$($(PY) -m pip freeze --all 2>/dev/null | cksum); \\
+\t$(PY) -m pip install --quiet --disable-pip-version-check $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r requirements.txt -c requirements.lock || exit 1; \\
+\tafter=$$($(PY) -m pip freeze --all 2>/dev/null | cksum); \\
+\tif [ "$$before" != "$$after" ]; then rm -f $(VENV)/.installed $(VENV)/.installed-*; fi
 \ttouch $(STAMP)
 
 # Not every test passes yet: the grader exits 1, and GNU make would add its own

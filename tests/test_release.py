@@ -330,6 +330,39 @@ def test_a_fresh_clone_with_the_same_pins_installs_nothing(which, tmp_path):
     assert "pip install" in dry_run()
 
 
+@pytest.mark.parametrize("which", ["course", "release"])
+def test_an_install_that_changes_nothing_keeps_the_other_pins_stamp(which, tmp_path):
+    """A venv shared by the course checkout and a student release (round 6): each `make` installed its own
+    pins and removed the other's stamp, so the other reinstalled next time, back and forth. The release's
+    pins are a subset: installing them changes no package, and the other stamp now stays; an install
+    that changes a package still removes it. (A fake interpreter stands for the venv's python.)"""
+    text = (ROOT / "Makefile").read_text() if which == "course" else rel.generated_files()["Makefile"]
+    (tmp_path / "Makefile").write_text(text)
+    for name in ("requirements.txt", "requirements.lock"):
+        (tmp_path / name).write_text(f"pins of {name}\n")
+    bin_ = tmp_path / ".venv" / "bin"
+    bin_.mkdir(parents=True)
+    (tmp_path / "frozen").write_text("torch==2.13.0\n")
+    fake = bin_ / "python"
+    fake.write_text("#!/bin/sh\n"  # `-m pip freeze --all` prints ./frozen; `-m pip install` adds $CHANGE to it
+                    'if [ "$3" = "freeze" ]; then cat frozen; else printf "%s" "$CHANGE" >> frozen; fi\n')
+    fake.chmod(0o755)
+    other = tmp_path / ".venv" / ".installed-123"
+
+    def make(change: str) -> None:
+        for stamp in (tmp_path / ".venv").glob(".installed-*"):
+            if stamp != other:
+                stamp.unlink()
+        subprocess.run(["make", "venv", "TORCH_INDEX="], cwd=tmp_path, capture_output=True, text=True, check=True,
+                       env={**os.environ, "CHANGE": change})
+
+    other.touch()
+    make("")
+    assert other.exists() and len(list((tmp_path / ".venv").glob(".installed-*"))) == 2
+    make("numpy==2.0\n")
+    assert not other.exists() and len(list((tmp_path / ".venv").glob(".installed-*"))) == 1
+
+
 def test_every_import_of_the_release_is_in_the_student_lock(release):
     """Each top-level import of a shipped .py file is the standard library, the release itself, or
     a package of requirements-student.lock."""
