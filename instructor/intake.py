@@ -25,7 +25,9 @@ exactly once elsewhere is taken from there (a note says where), one that is else
 is rejected as ambiguous. A zip member rejected where it is (two members for one path, encrypted,
 too large) stands there: it counts in choosing the folder, and no other copy is graded in its place;
 a link is no file and does not. `take(wanted=files_for_parts(parts))` takes and names only the
-files of the parts graded. Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data)
+files of the parts graded; `take_for_parts` (what the channels use) also takes the graded files those
+import, which their parts run. Other copies of graded files that lose the folder choice are named as
+such (`passed_over`). Everything else (a conftest.py, a sitecustomize.py, a torch.py, notebooks, data)
 is ignored and listed as such. A graded file that is absent, or rejected, costs that part its points.
 """
 from __future__ import annotations
