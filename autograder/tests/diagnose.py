@@ -548,23 +548,21 @@ def tile_offset_hint(actual: torch.Tensor, which: str, q, k, v, *, causal: bool,
 def _variant_of_both(o: Any, lse: Any, q, k, v, *, causal: bool, block_q: int, block_k: int, scale: float | None,
                      tol: float) -> str | None:
     """The hint of the known buggy forward whose o AND lse both match the probe's (a variant that explains
-    one output and not the other, an lse of -inf everywhere say, is not the bug)."""
+    one output and not the other, an lse of -inf everywhere say, is not the bug): _best_variant on the two
+    outputs laid end to end."""
     if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor)):
         return None
     nq, nk = q.shape[-2], k.shape[-2]
     co, cl, _ = masked_attention(q, k, v, _mask(nq, nk, causal), scale)
     if o.shape != co.shape or lse.shape != cl.shape:
         return None
-    err = max(_dist(o, co), _dist(lse, cl))
-    best: tuple[float, str] | None = None
-    for vo, vl, hint in forward_variants(q, k, v, causal=causal, block_q=block_q, block_k=block_k,
-                                         scale=scale).values():
-        if max(_dist(vo, co), _dist(vl, cl)) <= tol:
-            continue  # indistinguishable from the correct forward on these inputs
-        e = max(_dist(o, vo), _dist(lse, vl))
-        if e <= MATCH_TOL_FACTOR * tol and (err == math.inf or e <= MATCH_RATIO * err) and (best is None or e < best[0]):
-            best = (e, hint)
-    return best[1] if best else None
+
+    def both(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cat([a.double().reshape(-1), b.double().reshape(-1)])
+
+    variants = {name: (both(vo, vl), hint) for name, (vo, vl, hint) in
+                forward_variants(q, k, v, causal=causal, block_q=block_q, block_k=block_k, scale=scale).items()}
+    return _best_variant(both(o, lse), both(co, cl), variants, tol)
 
 
 def forward_probe_hint(finding: "pb.Finding", tiles: bool = False) -> str | None:
