@@ -660,10 +660,7 @@ def check_passes(student, which: str, n: int, seed: int, shift: float = 0.0) -> 
     if which == "online":
         result, _ = unpack(result, 2, what=f"{fn}(x) returns (probabilities, rebases)", hint=HINTS["rebases"])
     probs = _float_list(result, n, f"{fn}(x) returns a list of probabilities", HINTS["passes"][which])
-    check(reads == want * n, what=f"{fn} reads every element exactly {want} times (counted by the judge)",
-          detail=f"the judge delivered {reads} element reads for {n} elements = {reads / max(n, 1):.3g} passes, "
-                 f"expected {want} (a pass reads every element once; reading one again starts another pass)",
-          hint=HINTS["passes"][which], inputs={"x": (n,)})
+    check_read_passes(reads, want, n, which)
     kept = torch.tensor(passes[0], dtype=torch.float64)
     if probs.shape == kept.shape and bool(torch.isfinite(probs).all()) and \
             bool(torch.allclose(probs, ref_softmax(kept), rtol=0, atol=1e-12)):
@@ -679,25 +676,33 @@ def check_passes(student, which: str, n: int, seed: int, shift: float = 0.0) -> 
 REBASE_SHIFT = 1000.0  # exp(x) overflows float64 from ~710 on: only a sum kept relative to the running max is finite
 
 
+def check_read_passes(reads: int, want: int, n: int, which: str, lead: str = "") -> None:
+    """The judge delivered `want` reads of each of the n elements to <which>_softmax_counted (judge_counted)."""
+    fn = f"{which}_softmax_counted"
+    check(reads == want * n, what=f"{lead}{fn} reads every element exactly {want} times (counted by the judge)",
+          detail=f"the judge delivered {reads} element reads for {n} elements = {reads / max(n, 1):.3g} passes, "
+                 f"expected {want} (a pass reads every element once; reading one again starts another pass)",
+          hint=HINTS["passes"][which], inputs={"x": (n,)})
+
+
 def check_rebases(student, n: int, seed: int, order: str = "random") -> None:
     """The rebase count of online_softmax_counted, from the call whose passes the judge counts (it
     delivers the values block by block): the count earns its points only where that call is the online
-    softmax, two passes with the right probabilities on values shifted by REBASE_SHIFT. A count is a
-    property of any scan of the running max: a three-pass safe softmax, or a naive one, with a counter
-    beside it would count the same rebases without the algorithm the test is about."""
+    softmax, two passes with the right probabilities on values from REBASE_SHIFT up in stairs (a
+    decreasing row excepted: its first value is the max). A count is a property of any scan of the
+    running max: a three-pass safe softmax, or a naive one or one shifted once, with a counter beside it
+    would count the same rebases without the algorithm the test is about."""
     values = [v + REBASE_SHIFT for v in counted_values(n, seed, order)]
     values = values if order == "decreasing" else stairs(values)  # (decreasing: the first value is the max)
     fn = "online_softmax_counted"
     result, reads = judge_counted(student, "online", [values])
     probs, rebases = unpack(result, 2, what=f"{fn}(x) returns (probabilities, rebases)", hint=HINTS["rebases"])
     probs = _float_list(probs, n, f"{fn}(x) returns a list of probabilities", HINTS["passes"]["online"])
-    check(reads == 2 * n, what=f"the call whose rebases are counted is the online softmax: {fn} reads every element "
-                               "exactly 2 times (counted by the judge)",
-          detail=f"the judge delivered {reads} element reads for {n} elements = {reads / max(n, 1):.3g} passes, "
-                 f"expected 2", hint=HINTS["passes"]["online"], inputs={"x": (n,)})
+    lead = "the call whose rebases are counted is the online softmax: "
+    check_read_passes(reads, 2, n, "online", lead)
     check_close(probs, ref_softmax(torch.tensor(values, dtype=torch.float64)),
-                what=f"the call whose rebases are counted is the online softmax: {fn}(x) against float64 softmax, "
-                     f"x from {REBASE_SHIFT:g} up in stairs of {STAIR:g} (exp(x) alone overflows)", inputs={"x": (n,)}, atol=1e-12, rtol=0.0,
+                what=f"{lead}{fn}(x) against float64 softmax, x from {REBASE_SHIFT:g} up in stairs of {STAIR:g} "
+                     "(exp(x) alone overflows)", inputs={"x": (n,)}, atol=1e-12, rtol=0.0,
                 hint=HINTS[VALUE_HINTS["online"]], dtype=torch.float64)
     want = expected_rebases(values)
     hint = HINTS["rebases"]

@@ -511,7 +511,7 @@ def kernel_probe_hint(student) -> str:
         case = KernelCase(lead=tuple(lead), nq=nq, nk=nk, d=d, causal=causal, block_rows=block_rows,
                           block_cols=block_cols, seed=21, q_mult=q_mult)
         _, j = run(student, case)  # the judge's replay on its own inputs j.q, j.k, j.v
-        unwritten[(nq, nk, block_rows, block_cols)] = (j.stats or {}).get("unwritten_reads") or []
+        unwritten[(nq, nk, block_rows, block_cols, causal, tuple(lead))] = (j.stats or {}).get("unwritten_reads") or []
         return {"o": j.o, "lse": j.lse, "qkv": (j.q, j.k, j.v)}
     finding = pb.kernel_ladder(run_case, hidden=getattr(student, "hidden", True) is not False)
     rec = dg.forward_probe_hint(finding, tiles=True)
@@ -526,7 +526,7 @@ def unwritten_hint(spec: dict, unwritten: dict[tuple, list]) -> str | None:
     """Where the failed probe's tiles are all full (no ragged block, whose rows a correct kernel may read
     unstored and discard) and its replay read shared words no thread had stored (the simulator's
     unwritten_reads: NaN here, garbage on a GPU): which, and the rule."""
-    key = (spec["nq"], spec["nk"], spec["bq"], spec["bk"])
+    key = (spec["nq"], spec["nk"], spec["bq"], spec["bk"], spec.get("causal", False), tuple(spec.get("lead", (2,))))
     reports = unwritten.get(key) or []
     if not reports or spec["nq"] % spec["bq"] or spec["nk"] % spec["bk"]:
         return None
